@@ -1,0 +1,870 @@
+"""ChatActor: one trio nursery per chat that owns its tool-call records, processes and gates.
+
+Every request is applied to the record table synchronously (no `await` between reading and
+writing a record), so trio's cooperative scheduling makes each transition atomic without locks.
+Work that takes time (a process, a thread-run search, a parked gate, a turn) runs as a task in
+this chat's nursery and reports back through the same synchronous methods.
+
+Failure containment: an exception inside one call saves that call's `unknown` result
+(PROTOCOL.md 7); it never takes down the chat, another chat or the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from actors import planner, processes
+from actors.events import (
+    AcceptedEvent,
+    ApprovalEvent,
+    ApprovalResolvedEvent,
+    CancelResultEvent,
+    Event,
+    InterruptedEvent,
+    ResultEvent,
+    StartedEvent,
+    TurnPlanEvent,
+    TurnResultEvent,
+)
+from actors.outbox import Outbox, Subscription
+from actors.records import (
+    Admission,
+    CancelAction,
+    RecordState,
+    RecordTable,
+    ToolCallRecord,
+    args_fingerprint,
+)
+from actors.results import (
+    TEXT_AGENT_FAILURE,
+    TEXT_APPROVAL_EXPIRED,
+    TEXT_CANCELED_BEFORE_RUN,
+    TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_DENIED,
+    Outcome,
+    Result,
+    ToolReport,
+    ToolwireError,
+    text_timed_out,
+)
+from actors.tools import execute as execute_tool
+from actors.tools import files as file_tools
+from actors.tools import process_tools
+from actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
+
+if TYPE_CHECKING:
+    from actors.agent import AgentContext
+
+log = logging.getLogger("toolwire.chat")
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """A tool call as requested (a `call` message, or one call of a `turn`)."""
+
+    call_id: str
+    tool: str
+    args: Any
+    timeout_ms: int | None = None
+    background: bool = False
+    approval: bool = False
+
+
+@dataclass(eq=False)
+class CallRuntime:
+    """What the chat holds for one record besides the pure record state."""
+
+    spec: CallSpec
+    parsed: msgspec.Struct | None = None
+    invalid: str | None = None  # why the args are unusable (turn calls only: fails when run)
+    done: trio.Event = field(default_factory=trio.Event)
+    subs: dict[Outbox, Subscription] = field(default_factory=dict)
+    process: processes.ProcessRecord | None = None
+    started: StartedEvent | None = None
+    gate: trio.Event | None = None  # set when a parked gate is answered
+    approved: bool = False
+    limiter: trio.CapacityLimiter | None = None  # a turn's "at most 8 at once"
+
+
+@dataclass(eq=False)
+class TurnRun:
+    turn_id: str
+    call_ids: list[str]
+    fingerprint: bytes
+    segments: list[list[str]]
+    followers: dict[Outbox, bool] = field(default_factory=dict)  # outbox -> stream
+    done: trio.Event = field(default_factory=trio.Event)
+    results: list[Result] | None = None
+
+
+class ChatActor:
+    def __init__(self, ctx: AgentContext, chat_id: str) -> None:
+        self.chat_id = chat_id
+        self.ctx = ctx
+        self.records = RecordTable()
+        self.processes = processes.ProcessTable(
+            ctx.backend,
+            max_running=ctx.limits.max_processes_per_chat,
+            exited_retention_s=ctx.limits.exited_retention_s,
+            retention_bytes=ctx.limits.output_retention_bytes,
+            result_bytes=ctx.limits.result_output_bytes,
+        )
+        self.turns: dict[str, TurnRun] = {}
+        self._nursery: trio.Nursery | None = None
+        self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+
+    # -----------------------------------------------------------------------------------------
+    # Lifecycle
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for fn, args in self._pending:
+                nursery.start_soon(fn, *args)
+            self._pending.clear()
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Start a task in this chat's nursery, even before the nursery has opened."""
+        if self._nursery is None:
+            self._pending.append((fn, args))
+        else:
+            self._nursery.start_soon(fn, *args)
+
+    @property
+    def idle(self) -> bool:
+        return not self.records and not self.processes and not self.turns
+
+    def _now(self) -> float:
+        return trio.current_time()
+
+    # -----------------------------------------------------------------------------------------
+    # Requests (all synchronous: each is one atomic transition)
+
+    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+        """A `call` request (PROTOCOL.md 5.1). Raises ToolwireError and changes nothing."""
+        record = self.records.get(spec.call_id)
+        parsed: msgspec.Struct | None = None
+        if record is None or record.tool is None:
+            tool = lookup(spec.tool)
+            parsed = parse_args(tool, spec.args)
+            self._check_options(tool, spec)
+        fingerprint = args_fingerprint(spec.tool, spec.args)
+        admission, record = self.records.admit(
+            spec.call_id, spec.tool, fingerprint, self._now(), initial_state=RecordState.QUEUED
+        )
+        assert record is not None
+        if admission is Admission.CONFLICT:
+            raise self._conflict(record)
+        if admission is Admission.NEW:
+            self._forget_some()
+            runtime = CallRuntime(spec=spec, parsed=parsed)
+            record.extra["rt"] = runtime
+            sub = self._subscribe(outbox, record, stream=stream)
+            gated = self._gated(spec)
+            state = "awaiting_approval" if gated else "running"
+            outbox.put(
+                AcceptedEvent(self.chat_id, spec.call_id, False, state, record.requests, rid), sub
+            )
+            sub.results_owed += 1
+            self._start(record, gated=gated)
+            return
+        self._follow(outbox, record, stream=stream, rid=rid, from_offset=None)
+
+    def attach(self, outbox: Outbox, call_id: str, from_offset: int, rid: Any) -> None:
+        record = self.records.attach(call_id, self._now())
+        if record is None:
+            raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
+        self._follow(outbox, record, stream=True, rid=rid, from_offset=from_offset)
+
+    def detach(self, outbox: Outbox, call_id: str) -> None:
+        record = self.records.get(call_id)
+        if record is None:
+            raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
+        runtime = self._runtime(record)
+        sub = runtime.subs.pop(outbox, None)
+        if sub is not None:
+            sub.active = False
+            self._maybe_close_output(record)
+
+    def approve(self, outbox: Outbox, call_id: str, approved: bool, rid: Any) -> None:
+        record = self.records.get(call_id)
+        if record is None:
+            raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
+        if record.state is not RecordState.AWAITING_APPROVAL:
+            raise ToolwireError(
+                "not_parked",
+                f"call {call_id!r} is not waiting for approval (it is {record.state.wire_state})",
+            )
+        self.records.touch(record, self._now())
+        self._resolve_gate(record, "approved" if approved else "denied")
+        if approved:
+            self._launch(record)
+        else:
+            self._finish(record, self._plain_result(record, Outcome.DENIED, TEXT_DENIED))
+
+    def cancel(self, outbox: Outbox, call_ids: list[str], rid: Any) -> None:
+        for call_id in call_ids:
+            received, record = self._cancel_one(call_id)
+            self._spawn(self._reply_cancel, outbox, record, received, rid)
+
+    def turn(
+        self, outbox: Outbox, turn_id: str, specs: list[CallSpec], *, stream: bool, rid: Any
+    ) -> None:
+        """A `turn` request (PROTOCOL.md 5.6): validate everything first, then admit."""
+        fingerprint = args_fingerprint(
+            "turn",
+            [[s.call_id, s.tool, s.args, s.timeout_ms, s.background, s.approval] for s in specs],
+        )
+        existing = self.turns.get(turn_id)
+        if existing is not None:
+            if existing.fingerprint != fingerprint:
+                raise ToolwireError(
+                    "conflict",
+                    f"turn {turn_id!r} was first sent with different calls; "
+                    "a repeated turn must repeat the same calls",
+                )
+            self._follow_turn(outbox, existing, stream=stream, rid=rid)
+            return
+        if not specs:
+            raise ToolwireError("bad_args", "turn: calls must not be empty")
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.call_id in seen:
+                raise ToolwireError(
+                    "bad_args", f"turn: call_id {spec.call_id!r} appears twice in one turn"
+                )
+            seen.add(spec.call_id)
+            record = self.records.get(spec.call_id)
+            if (
+                record is not None
+                and record.tool is not None
+                and (
+                    record.tool != spec.tool
+                    or record.fingerprint != args_fingerprint(spec.tool, spec.args)
+                )
+            ):
+                raise self._conflict(record)
+        segments = planner.plan_segments(
+            [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs], self.ctx.workspace
+        )
+        run = TurnRun(turn_id, [s.call_id for s in specs], fingerprint, segments)
+        self.turns[turn_id] = run
+        limiter = trio.CapacityLimiter(planner.MAX_PARALLEL_CALLS)
+        for spec in specs:
+            fp = args_fingerprint(spec.tool, spec.args)
+            admission, record = self.records.admit(
+                spec.call_id,
+                spec.tool,
+                fp,
+                self._now(),
+                initial_state=RecordState.QUEUED,
+                turn_id=turn_id,
+            )
+            assert record is not None and admission is not Admission.CONFLICT
+            record.pinned = True
+            if admission is Admission.NEW:
+                runtime = CallRuntime(spec=spec, limiter=limiter)
+                try:
+                    tool = lookup(spec.tool)
+                    runtime.parsed = parse_args(tool, spec.args)
+                    self._check_options(tool, spec)
+                except ToolwireError as exc:
+                    runtime.invalid = exc.message
+                record.extra["rt"] = runtime
+            elif "rt" not in record.extra:
+                record.extra["rt"] = CallRuntime(spec=spec)
+        self._follow_turn(outbox, run, stream=stream, rid=rid)
+        self._spawn(self._run_turn, run)
+
+    def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
+        """Cancel every unresolved call (of the chat, or of one turn) and report when quiet."""
+        targets = [
+            r
+            for r in self.records
+            if not r.done and r.tool is not None and (turn_id is None or r.turn_id == turn_id)
+        ]
+        turns = [
+            t
+            for t in self.turns.values()
+            if not t.done.is_set() and (turn_id is None or t.turn_id == turn_id)
+        ]
+        for record in targets:
+            self._cancel_one(record.call_id)
+        self._spawn(self._reply_interrupted, outbox, turn_id, targets, turns, rid)
+
+    # -----------------------------------------------------------------------------------------
+    # Following
+
+    def _subscribe(self, outbox: Outbox, record: ToolCallRecord, *, stream: bool) -> Subscription:
+        runtime = self._runtime(record)
+        sub = runtime.subs.get(outbox)
+        if sub is None or not sub.active:
+            sub = Subscription(outbox, self.chat_id, record.call_id)
+            sub.on_caught_up = lambda: self._maybe_close_output(record)
+            runtime.subs[outbox] = sub
+            if runtime.process is not None:
+                sub.buffer = runtime.process.output
+        sub.stream = sub.stream or stream
+        return sub
+
+    def _follow(
+        self,
+        outbox: Outbox,
+        record: ToolCallRecord,
+        *,
+        stream: bool,
+        rid: Any,
+        from_offset: int | None,
+    ) -> None:
+        """A repeat `call` (from_offset None) or an `attach` of an existing record."""
+        runtime = self._runtime(record)
+        sub = self._subscribe(outbox, record, stream=stream)
+        outbox.put(
+            AcceptedEvent(
+                self.chat_id,
+                record.call_id,
+                True,
+                record.state.wire_state,
+                record.requests,
+                rid,
+            ),
+            sub,
+        )
+        if record.state is RecordState.AWAITING_APPROVAL:
+            self._announce_gate(record, only=sub)
+        if record.done:
+            assert record.result is not None
+            if from_offset is None:
+                sub.finished = True  # a repeat of an ended call gets its result only
+            else:
+                sub.finished = False
+                sub.cursor = from_offset
+            outbox.put_result(sub, ResultEvent(self.chat_id, record.call_id, record.result))
+            return
+        sub.finished = False
+        sub.cursor = from_offset or 0
+        if runtime.started is not None:
+            outbox.put(runtime.started, sub)
+        sub.output_ready()
+        sub.results_owed += 1
+
+    def _follow_turn(self, outbox: Outbox, run: TurnRun, *, stream: bool, rid: Any) -> None:
+        run.followers[outbox] = run.followers.get(outbox, False) or stream
+        outbox.put(TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid))
+        for call_id in run.call_ids:
+            record = self.records.get(call_id)
+            if record is None:
+                continue
+            if stream:
+                self._follow(outbox, record, stream=True, rid=None, from_offset=None)
+            else:
+                sub = self._subscribe(outbox, record, stream=False)
+                sub.resolved_events = True
+                if record.state is RecordState.AWAITING_APPROVAL:
+                    self._announce_gate(record, only=sub)
+        if run.results is not None:
+            outbox.put(TurnResultEvent(self.chat_id, run.turn_id, run.results))
+
+    def _publish(self, record: ToolCallRecord, event: Event) -> None:
+        for sub in self._runtime(record).subs.values():
+            if sub.active:
+                sub.outbox.put(event, sub)
+
+    def _output_arrived(self, record: ToolCallRecord) -> None:
+        for sub in self._runtime(record).subs.values():
+            sub.output_ready()
+
+    def _maybe_close_output(self, record: ToolCallRecord) -> None:
+        """Shrink a finished process's output to the result's size once no follower lags:
+        while its call is followed the full retention stays (PROTOCOL.md 5.2)."""
+        proc = self._runtime(record).process
+        if proc is None or proc.output.closed or not proc.output_closed.is_set():
+            return
+        subs = self._runtime(record).subs
+        for outbox, sub in list(subs.items()):
+            if not sub.active or outbox.closed:
+                del subs[outbox]
+        if not any(sub.lagging for sub in subs.values()):
+            proc.output.close()
+
+    # -----------------------------------------------------------------------------------------
+    # Running
+
+    def _gated(self, spec: CallSpec) -> bool:
+        return spec.approval or spec.tool in self.ctx.approve_tools
+
+    def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
+        """A queued record's turn has come: park it at its gate or run it."""
+        if record.state is not RecordState.QUEUED:
+            return
+        if gated:
+            self.records.park(record)
+            runtime = self._runtime(record)
+            runtime.gate = trio.Event()
+            self._announce_gate(record)
+            if self.ctx.approval_timeout_s is not None:
+                self._spawn(self._expire_gate, record, runtime.gate)
+            return
+        self._launch(record)
+
+    def _launch(self, record: ToolCallRecord) -> None:
+        runtime = self._runtime(record)
+        if runtime.invalid is not None or runtime.parsed is None:
+            self.records.begin(record)
+            record.started_at_ms = self.ctx.wall_ms()
+            why = runtime.invalid or "the call's arguments could not be read"
+            self._finish(record, self._plain_result(record, Outcome.FAILED, why))
+            return
+        tool = TOOLS[runtime.spec.tool]
+        if tool.kind is ToolKind.INLINE and runtime.limiter is None:
+            # Short file operations run right here: no task, no context switch. This is the
+            # path of the "trivial call" benchmark.
+            self._begin(record)
+            self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
+            return
+        self._spawn(self._run_task, record, tool)
+
+    def _begin(self, record: ToolCallRecord) -> None:
+        self.records.begin(record)
+        record.started_at_ms = self.ctx.wall_ms()
+        runtime = self._runtime(record)
+        if runtime.spec.timeout_ms:
+            # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
+            record.deadline = self._now() + runtime.spec.timeout_ms / 1000
+
+    def _run_inline(self, tool: ToolDef, runtime: CallRuntime) -> ToolReport:
+        parsed = runtime.parsed
+        workspace = self.ctx.workspace
+        if isinstance(parsed, file_tools.ReadFileArgs):
+            return file_tools.read_file(workspace, parsed)
+        if isinstance(parsed, file_tools.WriteFileArgs):
+            return file_tools.write_file(workspace, parsed)
+        if isinstance(parsed, file_tools.EditFilesArgs):
+            return file_tools.edit_files(workspace, parsed)
+        if isinstance(parsed, file_tools.SearchFilesArgs):
+            return file_tools.search_files(workspace, parsed)
+        if isinstance(parsed, process_tools.ProcessSignalArgs):
+            return process_tools.process_signal(self.processes, parsed)
+        if isinstance(parsed, process_tools.ProcessListArgs):
+            return process_tools.process_list(self.processes)
+        raise AssertionError(f"no inline runner for {tool.name}")
+
+    def _finish_guarded(self, record: ToolCallRecord, run: Callable[[], ToolReport]) -> None:
+        try:
+            report = run()
+        except Exception:
+            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
+            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE))
+            return
+        self._finish(record, self._report_result(record, report))
+
+    async def _run_task(self, record: ToolCallRecord, tool: ToolDef) -> None:
+        runtime = self._runtime(record)
+        try:
+            if runtime.limiter is not None:
+                async with runtime.limiter:
+                    await self._run_tool(record, tool, runtime)
+            else:
+                await self._run_tool(record, tool, runtime)
+        except Exception:
+            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
+            if record.effect_started:
+                result = self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
+            else:
+                result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            self._finish(record, result)
+
+    async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
+        if record.state is not RecordState.QUEUED and record.state is not (
+            RecordState.AWAITING_APPROVAL
+        ):
+            return  # canceled (or denied) while waiting for a worker slot
+        if tool.kind is ToolKind.EXECUTE:
+            await self._run_execute(record, runtime)
+            return
+        self._begin(record)
+        parsed = runtime.parsed
+        if isinstance(parsed, process_tools.ProcessOutputArgs):
+            report = await process_tools.process_output(
+                self.processes, parsed, self.ctx.limits.max_wait_ms
+            )
+        elif tool.kind is ToolKind.THREAD:
+            report = await trio.to_thread.run_sync(self._run_inline, tool, runtime)
+        else:
+            report = self._run_inline(tool, runtime)
+        self._finish(record, self._report_result(record, report))
+
+    async def _run_execute(self, record: ToolCallRecord, runtime: CallRuntime) -> None:
+        args = runtime.parsed
+        assert isinstance(args, execute_tool.ExecuteArgs)
+        self._begin(record)
+        if self.processes.at_limit():
+            limit = self.ctx.limits.max_processes_per_chat
+            self._finish(
+                record,
+                self._plain_result(
+                    record,
+                    Outcome.FAILED,
+                    f"the command did not start: this chat already runs {limit} processes "
+                    "(max_processes_per_chat); wait for one to exit or stop one",
+                ),
+            )
+            return
+        try:
+            proc = self.processes.spawn(
+                record.call_id,
+                args.command,
+                execute_tool.argv_for(args),
+                execute_tool.cwd_for(args, self.ctx.workspace),
+                execute_tool.env_for(args, self.ctx.base_env),
+                record.started_at_ms or self.ctx.wall_ms(),
+            )
+        except OSError as exc:
+            self._finish(
+                record,
+                self._plain_result(
+                    record, Outcome.FAILED, f"the command did not start: {exc.strerror or exc}"
+                ),
+            )
+            return
+        runtime.process = proc
+        for sub in runtime.subs.values():
+            sub.buffer = proc.output
+        runtime.started = StartedEvent(
+            self.chat_id, record.call_id, record.started_at_ms or 0, proc.handle.pid
+        )
+        self._publish(record, runtime.started)
+
+        def on_output(_proc: processes.ProcessRecord) -> None:
+            self._output_arrived(record)
+
+        self._spawn(self._pump, proc, on_output, record)
+        self._spawn(processes.reap, proc, self.ctx.wall_ms, lambda _p: None)
+        if runtime.spec.background:
+            self._finish(record, self._execute_result(record, proc, Outcome.COMPLETED))
+            return
+        with trio.move_on_at(record.deadline if record.deadline is not None else math.inf):
+            await proc.exited.wait()
+        if proc.status is None:
+            proc.timed_out = True
+            self._finish(record, self._execute_result(record, proc, Outcome.TIMED_OUT))
+            return
+        processes.drain_available(proc, on_output)
+        outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
+        self._finish(record, self._execute_result(record, proc, outcome))
+
+    async def _pump(
+        self,
+        proc: processes.ProcessRecord,
+        on_output: Callable[[processes.ProcessRecord], None],
+        record: ToolCallRecord,
+    ) -> None:
+        try:
+            await processes.pump(proc, on_output)
+        except Exception:
+            log.exception("output pump failed", extra=self._log_extra(record))
+        self._maybe_close_output(record)
+
+    # -----------------------------------------------------------------------------------------
+    # Gates
+
+    def _announce_gate(self, record: ToolCallRecord, only: Subscription | None = None) -> None:
+        runtime = self._runtime(record)
+        event = ApprovalEvent(
+            self.chat_id, record.call_id, runtime.spec.tool, runtime.spec.args, record.turn_id
+        )
+        if only is not None:
+            only.outbox.put(event, only)
+        else:
+            self._publish(record, event)
+
+    def _resolve_gate(self, record: ToolCallRecord, decision: str) -> None:
+        runtime = self._runtime(record)
+        if runtime.gate is not None and not runtime.gate.is_set():
+            runtime.gate.set()
+            runtime.approved = decision == "approved"
+            self._publish(record, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
+
+    async def _expire_gate(self, record: ToolCallRecord, gate: trio.Event) -> None:
+        assert self.ctx.approval_timeout_s is not None
+        with trio.move_on_after(self.ctx.approval_timeout_s):
+            await gate.wait()
+            return
+        if record.state is RecordState.AWAITING_APPROVAL and not gate.is_set():
+            self._resolve_gate(record, "expired")
+            self._finish(record, self._plain_result(record, Outcome.NOT_RUN, TEXT_APPROVAL_EXPIRED))
+
+    # -----------------------------------------------------------------------------------------
+    # Cancel and interrupt
+
+    def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
+        """Apply one cancel now (PROTOCOL.md 5.3). Returns (received, record); the record is
+        DONE at once, or becomes DONE when the stopped run ends."""
+        action, record = self.records.cancel(call_id, self._now())
+        runtime = record.extra.get("rt")
+        if action is CancelAction.TOMBSTONED:
+            record.extra["rt"] = CallRuntime(spec=CallSpec(call_id, "", {}))
+            proc = self.processes.get(call_id)
+            if proc is not None and proc.running:
+                # A process outlives its (forgotten) record: the cancel still stops it.
+                self.records.begin(record)
+                record.started_at_ms = proc.started_at_ms
+                self._runtime(record).process = proc
+                self._spawn(self._kill_then_finish, record, proc)
+            else:
+                self._finish(
+                    record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+                )
+            return False, record
+        assert isinstance(runtime, CallRuntime)
+        if action is CancelAction.CLOSED_BEFORE_RUN:
+            self._resolve_gate(record, "canceled")
+            self._finish(
+                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            )
+        elif action is CancelAction.STOP_RUNNING:
+            proc = runtime.process
+            if proc is not None and proc.status is not None:
+                # The command had already exited: the call finished first, so its real result
+                # stands (only a run that was still going is "canceled").
+                record.cancel_requested = False
+            elif proc is not None:
+                proc.canceled = True
+                self._spawn(self._terminate, proc)
+            # A file tool in a worker thread cannot be interrupted: the cancel waits for it
+            # and reports its real result, which is the truth.
+        else:
+            proc = runtime.process if runtime.process is not None else self.processes.get(call_id)
+            if proc is not None and (proc.running or not proc.output_closed.is_set()):
+                proc.canceled = True
+                self._spawn(self._terminate, proc)
+        return True, record
+
+    async def _terminate(self, proc: processes.ProcessRecord) -> None:
+        await processes.terminate(proc, self.ctx.kill_grace_s)
+
+    async def _kill_then_finish(
+        self, record: ToolCallRecord, proc: processes.ProcessRecord
+    ) -> None:
+        proc.canceled = True
+        await processes.terminate(proc, self.ctx.kill_grace_s)
+        self._finish(record, self._execute_result(record, proc, Outcome.CANCELED))
+
+    async def _reply_cancel(
+        self, outbox: Outbox, record: ToolCallRecord, received: bool, rid: Any
+    ) -> None:
+        await self._runtime(record).done.wait()
+        assert record.result is not None
+        outbox.put(CancelResultEvent(self.chat_id, record.call_id, received, record.result, rid))
+
+    async def _reply_interrupted(
+        self,
+        outbox: Outbox,
+        turn_id: str | None,
+        targets: list[ToolCallRecord],
+        turns: list[TurnRun],
+        rid: Any,
+    ) -> None:
+        for record in targets:
+            await self._runtime(record).done.wait()
+        for run in turns:
+            await run.done.wait()
+        outbox.put(InterruptedEvent(self.chat_id, turn_id, [r.call_id for r in targets], rid))
+
+    # -----------------------------------------------------------------------------------------
+    # Turns
+
+    async def _run_turn(self, run: TurnRun) -> None:
+        try:
+            for segment in run.segments:
+                async with trio.open_nursery() as nursery:
+                    for call_id in segment:
+                        nursery.start_soon(self._run_turn_call, call_id)
+        finally:
+            results: list[Result] = []
+            for call_id in run.call_ids:
+                record = self.records.get(call_id)
+                assert record is not None and record.result is not None, call_id
+                results.append(record.result)
+                record.pinned = False
+            run.results = results
+            for outbox in run.followers:
+                outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
+            run.done.set()
+
+    async def _run_turn_call(self, call_id: str) -> None:
+        record = self.records.get(call_id)
+        assert record is not None
+        runtime = self._runtime(record)
+        if record.state is RecordState.QUEUED:
+            self._start(record, gated=self._gated(runtime.spec))
+        await runtime.done.wait()
+
+    # -----------------------------------------------------------------------------------------
+    # Results
+
+    def _finish(self, record: ToolCallRecord, result: Result) -> None:
+        """Save the one result and publish it. The first finish wins; later ones are no-ops."""
+        if not self.records.finish(record, result):
+            return
+        runtime = self._runtime(record)
+        runtime.done.set()
+        event = ResultEvent(self.chat_id, record.call_id, result)
+        for sub in runtime.subs.values():
+            while sub.results_owed > 0:
+                sub.results_owed -= 1
+                sub.outbox.put_result(sub, event)
+        self._maybe_close_output(record)
+        log.debug("call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record))
+
+    def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
+        runtime = record.extra.get("rt")
+        tool = runtime.spec.tool if isinstance(runtime, CallRuntime) else (record.tool or "")
+        return self._result(
+            record,
+            tool=tool,
+            outcome=outcome,
+            text=text,
+            canceled=outcome in (Outcome.CANCELED, Outcome.NOT_RUN) and record.cancel_requested,
+        )
+
+    def _report_result(self, record: ToolCallRecord, report: ToolReport) -> Result:
+        return self._result(
+            record,
+            tool=record.tool or "",
+            outcome=report.outcome,
+            text=report.text,
+            data=report.data,
+            output=report.output,
+            output_bytes=len(report.output.encode()),
+        )
+
+    def _execute_result(
+        self, record: ToolCallRecord, proc: processes.ProcessRecord, outcome: Outcome
+    ) -> Result:
+        output, truncated = proc.output.result_output()
+        status = proc.status
+        data = {
+            "exit_code": status.exit_code if status else None,
+            "signal": status.signal if status else None,
+            "process_id": proc.process_id,
+        }
+        runtime = self._runtime(record)
+        if outcome is Outcome.TIMED_OUT:
+            text = text_timed_out(runtime.spec.timeout_ms or 0)
+        elif outcome is Outcome.CANCELED:
+            text = TEXT_CANCELED_WHILE_RUNNING
+        elif status is None:
+            text = f"started in the background as process {proc.process_id}"
+        else:
+            text = execute_tool.exit_text(status)
+        return self._result(
+            record,
+            tool="execute",
+            outcome=outcome,
+            text=text,
+            data=data,
+            output=output,
+            output_bytes=proc.output.total,
+            truncated_bytes=truncated,
+            timed_out=proc.timed_out,
+            canceled=proc.canceled,
+        )
+
+    def _result(
+        self,
+        record: ToolCallRecord,
+        *,
+        tool: str,
+        outcome: Outcome,
+        text: str,
+        data: dict[str, Any] | None = None,
+        output: str = "",
+        output_bytes: int = 0,
+        truncated_bytes: int = 0,
+        timed_out: bool = False,
+        canceled: bool = False,
+    ) -> Result:
+        finished = self.ctx.wall_ms()
+        started = record.started_at_ms
+        return Result(
+            tool=tool,
+            outcome=outcome,
+            text=text,
+            data=data,
+            output=output,
+            output_bytes=output_bytes,
+            truncated_bytes=truncated_bytes,
+            timed_out=timed_out,
+            canceled=canceled,
+            started_at=started,
+            finished_at=finished,
+            wall_ms=None if started is None else max(0, finished - started),
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Housekeeping
+
+    def _runtime(self, record: ToolCallRecord) -> CallRuntime:
+        runtime = record.extra.get("rt")
+        if runtime is None:
+            runtime = CallRuntime(spec=CallSpec(record.call_id, record.tool or "", {}))
+            record.extra["rt"] = runtime
+        assert isinstance(runtime, CallRuntime)
+        return runtime
+
+    def _conflict(self, record: ToolCallRecord) -> ToolwireError:
+        return ToolwireError(
+            "conflict",
+            f"call_id {record.call_id!r} was first used with tool {record.tool!r} and other "
+            "args; a retry must repeat the same tool and args, a new call needs a new id",
+        )
+
+    def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
+        if spec.background and spec.timeout_ms:
+            raise ToolwireError(
+                "bad_args", "background and a non-zero timeout_ms cannot be combined"
+            )
+        if spec.background and tool.kind is not ToolKind.EXECUTE:
+            raise ToolwireError("bad_args", f"background applies to execute only, not {tool.name}")
+        if tool.kind is ToolKind.EXECUTE and self.processes.at_limit():
+            raise ToolwireError(
+                "over_limit",
+                f"chat {self.chat_id!r} already runs "
+                f"{self.ctx.limits.max_processes_per_chat} processes (max_processes_per_chat)",
+            )
+
+    def _forget_some(self) -> None:
+        """Forgetting is checked on insert too (like the anchor's agent), in O(forgotten)."""
+        for record in self.records.forget_expired(self._now(), self.ctx.limits.forget_after_s):
+            self._forgotten(record)
+
+    def _forgotten(self, record: ToolCallRecord) -> None:
+        runtime = record.extra.get("rt")
+        if isinstance(runtime, CallRuntime):
+            for sub in runtime.subs.values():
+                sub.active = False
+        if record.turn_id is not None:
+            run = self.turns.get(record.turn_id)
+            if run is not None and run.done.is_set():
+                del self.turns[record.turn_id]
+
+    def sweep(self) -> None:
+        """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
+        self._forget_some()
+        self.processes.sweep(self._now())
+
+    def running_processes(self) -> list[processes.ProcessRecord]:
+        return self.processes.running()
+
+    def _log_extra(self, record: ToolCallRecord) -> dict[str, Any]:
+        return {"chat_id": self.chat_id, "call_id": record.call_id}

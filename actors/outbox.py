@@ -1,0 +1,195 @@
+"""Per-connection outboxes and per-call subscriptions: how events reach followers.
+
+A connection that calls or attaches to a call follows it through a `Subscription`, which holds a
+cursor into the call's output buffer. Output is never copied into a queue: the connection's
+sender pulls it from the cursor when the socket can take more. So a slow or stalled connection
+never blocks a process, another chat or another connection, and memory is bounded by the calls'
+retention buffers, not by queues (DESIGN.md, "How a request flows" step 4).
+
+The outbox's queue holds only discrete events (a handful per request) and at most one "output
+ready" marker per subscription. Per call and connection the order is: `accepted` first, then
+approval / started / output in order, and each `result` after all output before it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+
+import trio
+
+from actors.events import (
+    ApprovalResolvedEvent,
+    Event,
+    OutputEvent,
+    StartedEvent,
+)
+from actors.output import OutputBuffer
+
+# One `output` message carries at most one pipe read's worth of text (64 KiB): big enough that a
+# fast producer costs few messages, small enough that other calls interleave fairly.
+OUTPUT_CHUNK_BYTES = 64 * 1024
+
+
+class _Kind(enum.Enum):
+    PLAIN = 0
+    OUTPUT = 1
+    RESULT = 2
+
+
+class Subscription:
+    """One connection following one call."""
+
+    __slots__ = (
+        "active",
+        "buffer",
+        "call_id",
+        "chat_id",
+        "cursor",
+        "finished",
+        "on_caught_up",
+        "outbox",
+        "output_pending",
+        "resolved_events",
+        "results_owed",
+        "started_sent",
+        "stream",
+    )
+
+    def __init__(self, outbox: Outbox, chat_id: str, call_id: str) -> None:
+        self.outbox = outbox
+        self.chat_id = chat_id
+        self.call_id = call_id
+        self.cursor = 0
+        self.stream = False  # started / output / approval_resolved events
+        self.resolved_events = False  # approval_resolved even without stream (turns)
+        self.active = True
+        self.output_pending = False
+        self.buffer: OutputBuffer | None = None
+        self.started_sent = False
+        # True once a result was sent with no request since: no output follows a result.
+        self.finished = False
+        self.on_caught_up: Callable[[], None] | None = None
+        # Requests on this connection still waiting for the call's result: one result each.
+        self.results_owed = 0
+
+    @property
+    def lagging(self) -> bool:
+        """Still owes streamed output that the buffer holds."""
+        return (
+            self.active
+            and self.stream
+            and not self.finished
+            and not self.outbox.closed
+            and self.buffer is not None
+            and self.buffer.first_retained(self.cursor) < self.buffer.total
+        )
+
+    def output_ready(self) -> None:
+        if self.stream and self.active and not self.finished:
+            self.outbox.put_output(self)
+
+
+class Outbox:
+    """The queue of one connection. Filled synchronously by actors, drained by one sender."""
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self.closed = False
+        self._queue: deque[tuple[_Kind, Subscription | None, Event | None]] = deque()
+        self._nonempty = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def put(self, event: Event, sub: Subscription | None = None) -> None:
+        if self.closed:
+            return
+        self._queue.append((_Kind.PLAIN, sub, event))
+        self._nonempty.set()
+
+    def put_result(self, sub: Subscription, event: Event) -> None:
+        if self.closed:
+            return
+        self._queue.append((_Kind.RESULT, sub, event))
+        self._nonempty.set()
+
+    def put_output(self, sub: Subscription) -> None:
+        if self.closed or sub.output_pending:
+            return
+        sub.output_pending = True
+        self._queue.append((_Kind.OUTPUT, sub, None))
+        self._nonempty.set()
+
+    async def wait(self) -> None:
+        """Return once there is something to take (or the outbox was closed)."""
+        while not self._queue and not self.closed:
+            await self._nonempty.wait()
+            self._nonempty = trio.Event()
+
+    def close(self) -> None:
+        """The connection is gone: drop everything; its subscriptions stop receiving."""
+        self.closed = True
+        for _, sub, _ in self._queue:
+            if sub is not None:
+                sub.active = False
+        self._queue.clear()
+        self._nonempty.set()
+
+    def take(self, max_events: int = 256) -> list[Event]:
+        """Up to `max_events` events in send order, pulling output from cursors."""
+        out: list[Event] = []
+        queue = self._queue
+        while queue and len(out) < max_events:
+            kind, sub, event = queue.popleft()
+            if sub is None:
+                assert event is not None
+                out.append(event)
+                continue
+            if not sub.active:
+                continue
+            if kind is _Kind.OUTPUT:
+                sub.output_pending = False
+                if self._read_output(sub, out, once=True):
+                    self.put_output(sub)  # more is ready: go round again, after the others
+            elif kind is _Kind.RESULT:
+                if sub.stream and not sub.finished:
+                    self._read_output(sub, out, once=False)
+                sub.finished = True
+                assert event is not None
+                out.append(event)
+            else:
+                assert event is not None
+                if isinstance(event, StartedEvent):
+                    if not sub.stream or sub.started_sent:
+                        continue
+                    sub.started_sent = True
+                elif isinstance(event, ApprovalResolvedEvent) and not (
+                    sub.stream or sub.resolved_events
+                ):
+                    continue
+                out.append(event)
+        return out
+
+    def _read_output(self, sub: Subscription, out: list[Event], *, once: bool) -> bool:
+        """Append output events from the cursor; True if more is ready after `once` read."""
+        buffer = sub.buffer
+        if buffer is None or sub.finished or not sub.stream:
+            return False
+        got = False
+        while True:
+            chunk = buffer.read(sub.cursor, OUTPUT_CHUNK_BYTES)
+            if chunk is None:
+                break
+            got = True
+            out.append(OutputEvent(sub.chat_id, sub.call_id, chunk.offset, chunk.data))
+            sub.cursor = chunk.next_offset
+            if once:
+                break
+        # Only a read that returned something can have more behind it: bytes held back as an
+        # incomplete UTF-8 character must not make the sender spin.
+        more = got and buffer.first_retained(sub.cursor) < buffer.total
+        if not more and sub.on_caught_up is not None:
+            sub.on_caught_up()
+        return more

@@ -1,0 +1,247 @@
+"""The read/write reservation planner of a `turn` (PROTOCOL.md section 5.6).
+
+A turn is a batch of tool calls the model asked for in one assistant message. Running them one
+by one wastes the wall time of every slow read; running them all at once lets a write race a
+read of the same file, and the model then sees a result that matches no order it asked for. The
+planner splits the batch into consecutive *segments*: the calls of one segment are safe to run
+concurrently, and the segments run one after another. Flattening the segments gives back the
+request order exactly, so a sequential reading of the turn is always a correct explanation of
+what happened.
+
+Each call gets a `Reservation`:
+
+- readers (`read_file`, `search_files`) reserve their path in shared mode: two reads of one
+  file never disturb each other, so they never conflict;
+- writers (`write_file`, `edit_files`) reserve every path they touch exclusively: a write must
+  not overlap a read (the reader could see the old or the new content, depending on timing) or
+  another write (the last one to finish would win, whatever the request order said);
+- the process tools `process_list` and `process_output` touch no file at all, so they reserve
+  nothing and never conflict;
+- barriers run alone in their segment: `execute` (a shell command can read or write any path,
+  and we cannot know which without running it), `process_signal` (it changes what a running
+  command does, so it is ordered against everything), tools the planner does not know (it
+  cannot know what they touch), and every call whose args are malformed (not a dict, or
+  without the path the tool needs). A malformed call will fail on its own terms anyway; making
+  it a barrier keeps the plan obviously correct instead of guessing at what it meant.
+
+Paths are compared in canonical form (`canonical_path`) so that two spellings of one file
+(`x`, `./x`, `d/../x`, `~/ws/x`, an absolute path, a symlink to it) are one reservation.
+Containment is tested component by component, so a write under a searched directory conflicts
+with the search, while `/a/b` and `/a/bc` stay independent.
+
+This module is a pure core: no trio, no writes, nothing but reads of the filesystem (through
+`os.path.realpath`) to resolve symlinks. It is called once per turn, before any call of the
+turn runs, so the canonical forms describe the filesystem as the turn found it.
+
+Known limits, accepted because they only cost parallelism or need an oracle we do not have:
+hard links to one inode are different paths to the planner; a search that follows a symlink
+inside its tree to a directory elsewhere reserves only the tree it was asked to search.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+READER_TOOLS = frozenset({"read_file", "search_files", "process_list", "process_output"})
+WRITER_TOOLS = frozenset({"write_file", "edit_files"})
+
+# How many calls of one segment run at once. Hermes runs parallel batches on 8 workers, and
+# models rarely ask for more than a handful of calls per message; 8 keeps a big batch of reads
+# from opening hundreds of files (and threads) at once while still hiding most latency. The
+# planner itself never splits a segment at this size: a segment of 20 reads is one segment that
+# the executor drains 8 at a time, so the plan stays a pure function of reservations.
+MAX_PARALLEL_CALLS = 8
+
+# Reader tools that touch no path at all: they read the agent's process table.
+_PROCESS_TOOLS = frozenset({"process_list", "process_output"})
+
+
+class PlannedCall(NamedTuple):
+    """What the planner needs of one call of a turn."""
+
+    call_id: str
+    tool: str
+    # Normally a dict (the call's `args` object). Anything else (a list, None, a string) makes
+    # the call a barrier: the tool will reject it, and we do not guess what it would touch.
+    args: object
+
+
+class Access(enum.Enum):
+    READ = "read"  # shared: conflicts only with an overlapping WRITE
+    WRITE = "write"  # exclusive: conflicts with any overlapping READ or WRITE
+    NONE = "none"  # process tools: reserve nothing, never conflict with a READ, WRITE or NONE
+    BARRIER = "barrier"  # runs alone: conflicts with everything
+
+
+@dataclass(frozen=True)
+class Reservation:
+    access: Access
+    # Canonical absolute paths (see `canonical_path`); empty for NONE and BARRIER.
+    paths: tuple[str, ...]
+
+
+_BARRIER = Reservation(Access.BARRIER, ())
+_NOTHING = Reservation(Access.NONE, ())
+
+
+def canonical_path(path: str, workspace: str) -> str:
+    """Return the absolute, symlink-free form of `path` as the tools would resolve it.
+
+    Steps: `~` is expanded (the tools expand it too, and `~/ws/x` must meet `x`); a relative
+    path is joined to the workspace (PROTOCOL.md section 8); then `os.path.realpath` resolves
+    every symlink and folds `.` and `..`.
+
+    `..` is folded the way the kernel does it, after resolving the symlink before it: when `ln`
+    links to `real/dir`, `ln/../x` is `real/x`, not `x`. That is the file a tool opening the
+    path would actually touch, and touching is what reservations are about.
+
+    A path that does not exist yet (the target of a `write_file` that creates a file, maybe
+    under directories it creates too) is resolved through its nearest existing parent:
+    realpath resolves the existing prefix and appends the rest, so `link-to-d/new.txt` equals
+    `d/new.txt` and conflicts with a read of it.
+
+    The workspace is canonicalised too: it may itself be reached through a symlink (`/tmp` is
+    one on some systems), and an absolute path spelled through the real directory must match a
+    relative one. Raises ValueError for a path with a NUL byte (no tool can open it).
+    """
+    root = os.path.realpath(os.path.expanduser(workspace))
+    return os.path.realpath(os.path.join(root, os.path.expanduser(path)))
+
+
+def _path_arg(args: Mapping[object, object], key: str) -> str | None:
+    """The string path in `args[key]`, or None when it is missing, not a string, or empty."""
+    value = args.get(key)
+    if isinstance(value, str) and value:
+        return value
+    return None
+
+
+def _edit_paths(args: Mapping[object, object]) -> list[str] | None:
+    """Every `files[i].path` of an edit_files call, or None when `files` is malformed."""
+    files = args.get("files")
+    if not isinstance(files, list) or not files:
+        return None
+    paths: list[str] = []
+    for entry in files:
+        if not isinstance(entry, dict):
+            return None
+        path = _path_arg(entry, "path")
+        if path is None:
+            return None
+        paths.append(path)
+    return paths
+
+
+def _raw_paths(tool: str, args: Mapping[object, object]) -> list[str] | None:
+    """The uncanonicalised paths a READ or WRITE call touches, or None to make it a barrier."""
+    if tool == "search_files" and args.get("path") is None:
+        # Searching without a path searches the whole workspace (PROTOCOL.md section 8).
+        return ["."]
+    if tool in ("read_file", "search_files", "write_file"):
+        path = _path_arg(args, "path")
+        return None if path is None else [path]
+    if tool == "edit_files":
+        return _edit_paths(args)
+    return None
+
+
+def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
+    """What `call` reserves: shared paths, exclusive paths, nothing, or the whole turn.
+
+    Anything the planner cannot read with certainty becomes a barrier, because a barrier is
+    always safe: at worst it costs parallelism, never correctness.
+    """
+    if call.tool not in READER_TOOLS and call.tool not in WRITER_TOOLS:
+        # execute, process_signal and tools we do not know: they may touch anything.
+        return _BARRIER
+    if not isinstance(call.args, dict):
+        return _BARRIER
+    if call.tool in _PROCESS_TOOLS:
+        return _NOTHING
+    raw = _raw_paths(call.tool, call.args)
+    if raw is None:
+        return _BARRIER
+    try:
+        # dict.fromkeys dedupes (an edit_files naming one file twice) and keeps the order.
+        paths = tuple(dict.fromkeys(canonical_path(path, workspace) for path in raw))
+    except (ValueError, OSError):
+        # A NUL byte or a path the OS refuses to look at: the tool will fail on it anyway.
+        return _BARRIER
+    access = Access.WRITE if call.tool in WRITER_TOOLS else Access.READ
+    return Reservation(access, paths)
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """True when canonical path `a` equals or contains `b`, or `b` contains `a`.
+
+    Compared component by component, not as raw string prefixes: `/a/b` contains `/a/b/c`
+    (writing `/a/b/c` changes what a search of `/a/b` sees) but not `/a/bc` (a sibling that
+    merely shares a prefix). Canonical paths have no trailing slash except the root `/`,
+    which contains everything.
+    """
+    if a == b:
+        return True
+    shorter, longer = (a, b) if len(a) < len(b) else (b, a)
+    return longer.startswith(shorter.rstrip("/") + "/")
+
+
+def conflicts(a: Reservation, b: Reservation) -> bool:
+    """True when the calls holding `a` and `b` must not run at the same time.
+
+    Symmetric. A barrier conflicts with everything (that is what makes it run alone); NONE
+    conflicts with nothing else; two READs never conflict; otherwise (at least one WRITE) the
+    reservations conflict when some path of one overlaps some path of the other.
+    """
+    if a.access is Access.BARRIER or b.access is Access.BARRIER:
+        return True
+    if a.access is Access.NONE or b.access is Access.NONE:
+        return False
+    if a.access is Access.READ and b.access is Access.READ:
+        return False
+    return any(_overlaps(p, q) for p in a.paths for q in b.paths)
+
+
+def plan_segments(calls: Sequence[PlannedCall], workspace: str) -> list[list[str]]:
+    """Split a turn's calls into consecutive segments of call ids (the `turn_plan`).
+
+    Greedy, in request order: a call joins the current segment unless it is a barrier or
+    conflicts with a reservation already in it. A conflict closes the segment and the call
+    opens the next one. A barrier closes the current segment (if it has calls), gets a segment
+    of its own, and the call after it opens a fresh segment. Greedy is enough: a segment only
+    ever holds calls adjacent in request order, so reordering (which could pack more calls
+    together) is never allowed, and closing a segment earlier than needed would only lose
+    parallelism.
+
+    Every call appears exactly once, so flattening the result gives back the request order.
+    Duplicate call_ids are NOT deduplicated here: the caller rejects a turn that names one
+    call_id twice before planning (each call id is at most once, PROTOCOL.md section 5.1), and
+    if duplicates slip through, each occurrence is planned like any other call.
+
+    Segments are not capped at MAX_PARALLEL_CALLS; the executor runs at most that many calls of
+    a segment at once.
+    """
+    # Canonicalise the workspace once: every call's paths are resolved against it.
+    root = os.path.realpath(os.path.expanduser(workspace))
+    segments: list[list[str]] = []
+    current: list[str] = []
+    held: list[Reservation] = []
+    for call in calls:
+        reservation = reservation_for(call, root)
+        if reservation.access is Access.BARRIER:
+            if current:
+                segments.append(current)
+            segments.append([call.call_id])
+            current, held = [], []
+            continue
+        if any(conflicts(reservation, other) for other in held):
+            segments.append(current)
+            current, held = [], []
+        current.append(call.call_id)
+        held.append(reservation)
+    if current:
+        segments.append(current)
+    return segments

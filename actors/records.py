@@ -1,0 +1,241 @@
+"""The tool-call record table of one chat: a pure state machine (no trio, no I/O).
+
+Each `(chat_id, call_id)` has at most one record. The chat actor applies every request to this
+table synchronously, so the transitions below are atomic under trio's cooperative scheduling.
+The table decides; the chat actor carries out the decision (starts a task, kills a process).
+
+States (PROTOCOL.md 5.1 and 5.3):
+
+    QUEUED ----------> AWAITING_APPROVAL ----> RUNNING ----> DONE
+       |   \\_________________________________/^   |          ^
+       |                    | (cancel/deny/expire)  |          |
+       +--------------------+---------------------> DONE (not_run / denied)
+
+- QUEUED: accepted as part of a turn whose segment has not started yet. Nothing has happened.
+- AWAITING_APPROVAL: parked at an approval gate. Nothing has happened.
+- RUNNING: the effect has begun (a process spawned, a file tool started). `effect_started` is
+  set exactly once, here, and a record never leaves DONE: at most once, one result.
+- DONE: the saved Result is final and is replayed byte for byte to every later request.
+A cancel of an id the table has never seen stores a DONE tombstone with a `not_run` result, so
+a retry that arrives after the cancel (the classic race of a retried request) never runs.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from actors.results import Result
+
+_fingerprint_encoder = msgspec.json.Encoder(order="sorted")
+
+
+def args_fingerprint(tool: str, args: Any) -> bytes:
+    """A stable digest of (tool, args): key order inside objects does not matter, values do.
+
+    Two requests for one call_id must carry the same tool and args; a mismatch is a `conflict`
+    (a reused id from a different tool call must never be answered with another call's result).
+    """
+    return hashlib.blake2b(
+        _fingerprint_encoder.encode([tool, args]), digest_size=16, person=b"toolwire.args"
+    ).digest()
+
+
+class RecordState(enum.Enum):
+    QUEUED = "queued"
+    AWAITING_APPROVAL = "awaiting_approval"
+    RUNNING = "running"
+    DONE = "done"
+
+    @property
+    def wire_state(self) -> str:
+        # The protocol knows three states. A queued turn call is reported "running": it has been
+        # accepted and will run (or be canceled) without another request. docs/protocol.md.
+        return "running" if self is RecordState.QUEUED else self.value
+
+
+class Admission(enum.Enum):
+    NEW = "new"  # no record existed: the caller must start (or gate, or queue) the call
+    EXISTING = "existing"  # a record exists with the same tool and args: replay / subscribe
+    ADOPTED = "adopted"  # a cancel tombstone without a tool now carries this call's tool/args
+    CONFLICT = "conflict"  # same call_id, different tool or args: refuse, touch nothing
+
+
+class CancelAction(enum.Enum):
+    TOMBSTONED = "tombstoned"  # unknown id: a not_run tombstone was stored (received: false)
+    CLOSED_BEFORE_RUN = "closed_before_run"  # queued or parked: now DONE not_run
+    STOP_RUNNING = "stop_running"  # running: the caller must stop the effect and wait
+    ALREADY_DONE = "already_done"  # the saved result stays; leftover processes may be killed
+
+
+@dataclass(eq=False, slots=True)
+class ToolCallRecord:
+    call_id: str
+    tool: str | None  # None only for a cancel tombstone no call has named yet
+    fingerprint: bytes | None
+    state: RecordState
+    touched_at: float
+    requests: int = 0
+    effect_started: bool = False
+    cancel_requested: bool = False
+    started_at_ms: int | None = None
+    deadline: float | None = None  # trio clock; fixed at the first start, never moved
+    result: Result | None = None
+    turn_id: str | None = None
+    pinned: bool = False  # a turn still needs this record's result: never forget it yet
+    # Owned by the chat actor (subscriptions, gate, output buffer): opaque to this module.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.state is RecordState.DONE
+
+
+class TransitionError(Exception):
+    """A transition the state machine forbids: a bug in the caller, never a user error."""
+
+
+class RecordTable:
+    """All records of one chat, ordered by last touch so that forgetting is O(forgotten)."""
+
+    def __init__(self) -> None:
+        self._records: OrderedDict[str, ToolCallRecord] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[ToolCallRecord]:
+        return iter(list(self._records.values()))
+
+    def get(self, call_id: str) -> ToolCallRecord | None:
+        return self._records.get(call_id)
+
+    def touch(self, record: ToolCallRecord, now: float) -> None:
+        """Every request, attach or cancel that names a record resets its age (5.4)."""
+        record.touched_at = now
+        self._records.move_to_end(record.call_id)
+
+    def admit(
+        self,
+        call_id: str,
+        tool: str,
+        fingerprint: bytes,
+        now: float,
+        *,
+        initial_state: RecordState,
+        turn_id: str | None = None,
+    ) -> tuple[Admission, ToolCallRecord | None]:
+        """A `call` or a turn's call names `call_id` (PROTOCOL.md 5.1)."""
+        if initial_state not in (
+            RecordState.QUEUED,
+            RecordState.AWAITING_APPROVAL,
+            RecordState.RUNNING,
+        ):
+            raise TransitionError(f"a new record cannot start in {initial_state}")
+        record = self._records.get(call_id)
+        if record is None:
+            record = ToolCallRecord(
+                call_id=call_id,
+                tool=tool,
+                fingerprint=fingerprint,
+                state=RecordState.QUEUED,
+                touched_at=now,
+                requests=1,
+                turn_id=turn_id,
+            )
+            self._records[call_id] = record
+            if initial_state is RecordState.AWAITING_APPROVAL:
+                self.park(record)
+            elif initial_state is RecordState.RUNNING:
+                self.begin(record)
+            return Admission.NEW, record
+        if record.tool is None:
+            # A cancel tombstone: the first call to name it fixes its tool and args, so that
+            # later repeats are checked for conflicts like any other record.
+            record.tool = tool
+            record.fingerprint = fingerprint
+            record.requests += 1
+            self.touch(record, now)
+            return Admission.ADOPTED, record
+        if record.tool != tool or record.fingerprint != fingerprint:
+            return Admission.CONFLICT, record
+        record.requests += 1
+        self.touch(record, now)
+        return Admission.EXISTING, record
+
+    def attach(self, call_id: str, now: float) -> ToolCallRecord | None:
+        record = self._records.get(call_id)
+        if record is not None:
+            record.requests += 1
+            self.touch(record, now)
+        return record
+
+    def park(self, record: ToolCallRecord) -> None:
+        if record.state is not RecordState.QUEUED:
+            raise TransitionError(f"cannot park {record.call_id} in {record.state}")
+        record.state = RecordState.AWAITING_APPROVAL
+
+    def begin(self, record: ToolCallRecord) -> None:
+        """The effect starts now. This is the one place `effect_started` is set."""
+        if record.state not in (RecordState.QUEUED, RecordState.AWAITING_APPROVAL):
+            raise TransitionError(f"cannot start {record.call_id} in {record.state}")
+        if record.effect_started:
+            raise TransitionError(f"{record.call_id} already started once")
+        record.state = RecordState.RUNNING
+        record.effect_started = True
+
+    def finish(self, record: ToolCallRecord, result: Result) -> bool:
+        """Save the one result. The first finish wins; a later one changes nothing (False)."""
+        if record.state is RecordState.DONE:
+            return False
+        if record.state is RecordState.RUNNING and not record.effect_started:
+            raise TransitionError(f"{record.call_id} running without an effect")
+        if not record.effect_started and result.outcome.value not in ("not_run", "denied"):
+            raise TransitionError(
+                f"{record.call_id} never started, so it cannot end {result.outcome.value}"
+            )
+        record.state = RecordState.DONE
+        record.result = result
+        return True
+
+    def cancel(self, call_id: str, now: float) -> tuple[CancelAction, ToolCallRecord]:
+        """Decide what a cancel does (PROTOCOL.md 5.3). For TOMBSTONED the caller must still
+        `finish` the returned record with a not_run (or canceled, if it killed a leftover
+        process) result; for CLOSED_BEFORE_RUN with not_run."""
+        record = self._records.get(call_id)
+        if record is None:
+            record = ToolCallRecord(
+                call_id=call_id,
+                tool=None,
+                fingerprint=None,
+                state=RecordState.QUEUED,
+                touched_at=now,
+            )
+            self._records[call_id] = record
+            record.cancel_requested = True
+            return CancelAction.TOMBSTONED, record
+        self.touch(record, now)
+        if record.state is RecordState.DONE:
+            return CancelAction.ALREADY_DONE, record
+        record.cancel_requested = True
+        if record.state is RecordState.RUNNING:
+            return CancelAction.STOP_RUNNING, record
+        return CancelAction.CLOSED_BEFORE_RUN, record
+
+    def forget_expired(self, now: float, forget_after: float) -> list[ToolCallRecord]:
+        """Drop DONE records untouched for `forget_after` seconds (5.4). Live records stay."""
+        forgotten: list[ToolCallRecord] = []
+        for record in self._records.values():
+            if record.touched_at + forget_after > now:
+                break  # ordered by touch: everything after is younger
+            if record.state is RecordState.DONE and not record.pinned:
+                forgotten.append(record)
+        for record in forgotten:
+            del self._records[record.call_id]
+        return forgotten

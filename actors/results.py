@@ -1,0 +1,80 @@
+"""Domain types the actors speak: outcomes, tool reports, results and errors.
+
+These mirror the wire protocol's Result (PROTOCOL.md section 4) field for field, but they are
+the actors' own: `actors` never imports `transport`. The server maps them to wire messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELED = "canceled"
+    NOT_RUN = "not_run"
+    DENIED = "denied"
+    UNKNOWN = "unknown"
+
+
+# The exact model-facing texts of PROTOCOL.md section 7. Clients match on them: never reword.
+TEXT_CANCELED_BEFORE_RUN = "tool call was canceled before it ran; no changes were made"
+TEXT_CANCELED_WHILE_RUNNING = "tool call was canceled while running"
+TEXT_DENIED = "tool call was denied; no changes were made"
+TEXT_APPROVAL_EXPIRED = "tool call was not approved in time; no changes were made"
+TEXT_AGENT_FAILURE = "tool call failed inside the agent; its outcome is unknown"
+TEXT_AGENT_RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
+
+
+def text_timed_out(timeout_ms: int) -> str:
+    return f"tool call timed out after {timeout_ms} ms; the process is still running"
+
+
+class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool says about its own run, before the chat adds timing and output."""
+
+    outcome: Outcome
+    text: str
+    data: dict[str, Any] | None = None
+    # Model-facing output for tools that have no process output buffer (file tools: "").
+    output: str = ""
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True):
+    """The one saved, truthful result of a tool call (PROTOCOL.md section 4, Result)."""
+
+    tool: str
+    outcome: Outcome
+    text: str
+    data: dict[str, Any] | None
+    output: str
+    output_bytes: int
+    truncated_bytes: int
+    timed_out: bool
+    canceled: bool
+    started_at: int | None
+    finished_at: int | None
+    wall_ms: int | None
+
+
+class ToolwireError(Exception):
+    """A request the agent refuses; it changed nothing. `code` is a PROTOCOL.md section 6 code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ToolFailure(Exception):
+    """Raised inside a tool for a failure on the tool's own terms (outcome `failed`)."""
+
+    def __init__(self, text: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(text)
+        self.text = text
+        self.data = data

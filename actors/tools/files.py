@@ -1,0 +1,858 @@
+"""The four file tools of PROTOCOL.md section 8: read_file, write_file, edit_files, search_files.
+
+Plain synchronous functions: the chat actor calls them inline or in a worker thread, so nothing
+here imports trio. Each takes the workspace directory and an already converted args Struct and
+returns a ToolReport.
+
+Contract shared by all four:
+
+- Arguments. The caller converts the wire dict with ``msgspec.convert(args, ReadFileArgs)`` and
+  so on. The Structs carry ``msgspec.Meta`` constraints (non-empty strings and lists, positive
+  line numbers), so ``convert`` itself rejects most bad arguments with a field path such as
+  ``$.files[0].edits[1].old``. ``check_args`` re-checks every one of those rules (a Struct built
+  directly in Python skips Meta constraints) plus what Meta cannot express: NUL bytes in paths,
+  text that cannot be encoded as UTF-8. It raises ``ValueError("args.offset: must be >= 1")``.
+  Every tool calls ``check_args`` first, so invalid args built by hand raise ValueError before
+  touching the disk; callers should call it themselves beforehand and answer ``bad_args``.
+  Unknown fields are ignored.
+- Paths. Relative paths resolve against ``workspace``; ``~`` expands. Texts name a path as the
+  caller gave it.
+- Failures on the tool's own terms (missing file, directory, binary file, permission denied, an
+  edit that does not apply, bad regex ...) return ``outcome=failed`` with one plain sentence a
+  model can act on, ``data=None``, and leave the disk unchanged. They never raise. Anything else
+  (a bug) may raise; the chat turns that into ``unknown``.
+- ``output``: read_file puts the returned content there, search_files a ``path:line: text``
+  listing, the writers leave it "". ``data`` always carries the full payload as well.
+- Text means UTF-8 without NUL bytes. A file with a NUL byte in its first 8 KiB, or that is not
+  valid UTF-8, is a binary file: read_file and edit_files refuse it. search_files skips files
+  with a NUL byte but searches non-UTF-8 ones, decoding bad bytes as U+FFFD.
+  Lines end at ``\\n`` only (``\\r\\n`` keeps its ``\\r`` in the line; a lone ``\\r`` does not
+  end a line), and line endings are kept byte for byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Annotated, Any, BinaryIO, assert_never
+
+import msgspec
+
+from actors.results import Outcome, ToolFailure, ToolReport
+
+# --- limits -------------------------------------------------------------------------------------
+
+# read_file returns at most this many lines per call: keeps one result a sane size for a model's
+# context; the text says which offset to ask for next.
+READ_MAX_LINES = 2000
+# read_file returns at most this many bytes of content per call, for files with long lines (a
+# minified bundle of 2000 lines could be megabytes); 256 KiB stays well under message limits.
+READ_MAX_BYTES = 256 * 1024
+# A NUL byte within this many leading bytes marks a binary file. 8 KiB is what git and grep
+# sniff: text files practically never contain NUL, binary formats almost always do early on.
+BINARY_SNIFF_BYTES = 8 * 1024
+# search_files stops after this many matches: a pattern like "e" would otherwise return every
+# line of the tree; 500 is enough to act on and bounds the result near 250 KB.
+SEARCH_MAX_MATCHES = 500
+# Each matched line is cut to this many characters so one minified line cannot flood a result.
+SEARCH_MAX_LINE_CHARS = 500
+# Directories of version control systems: their contents are object stores and metadata, never
+# what a search means, and .git alone can hold more files than the tree itself.
+VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", "CVS"})
+# Name prefix of the temporary file an atomic write creates next to its target; a leftover one
+# (after a crash) is recognisable and safe to delete.
+TEMP_PREFIX = ".toolwire-"
+# Attempts at picking an unused random temp name before giving up (48 random bits each: a
+# second attempt is already astronomically unlikely).
+TEMP_NAME_ATTEMPTS = 100
+
+
+# --- arguments ----------------------------------------------------------------------------------
+
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+LineNumber = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ReadFileArgs(msgspec.Struct, forbid_unknown_fields=False):
+    path: NonEmptyStr
+    offset: LineNumber | None = None  # 1-based number of the first line to return; default 1
+    limit: LineNumber | None = None  # number of lines to return; default all (up to the caps)
+
+
+class WriteFileArgs(msgspec.Struct, forbid_unknown_fields=False):
+    path: NonEmptyStr
+    content: str
+
+
+class Edit(msgspec.Struct, forbid_unknown_fields=False):
+    old: NonEmptyStr
+    new: str
+    replace_all: bool = False
+
+
+class FileEdits(msgspec.Struct, forbid_unknown_fields=False):
+    path: NonEmptyStr
+    edits: Annotated[list[Edit], msgspec.Meta(min_length=1)]
+
+
+class EditFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
+    files: Annotated[list[FileEdits], msgspec.Meta(min_length=1)]
+
+
+class SearchFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
+    pattern: NonEmptyStr  # a Python `re` pattern, matched against each line without its newline
+    path: NonEmptyStr | None = None  # a file or directory; default the workspace root
+    glob: NonEmptyStr | None = None  # filters the files found under a directory; see _glob_regex
+
+
+FileToolArgs = ReadFileArgs | WriteFileArgs | EditFilesArgs | SearchFilesArgs
+
+
+def check_args(args: FileToolArgs) -> None:
+    """Validate what the Struct types alone do not guarantee; raise ValueError naming the field.
+
+    Repeats the Meta constraints (they only run in ``msgspec.convert``/decode, not in a Struct
+    built directly) and adds: no NUL byte in a path or glob, and every text written to disk
+    encodable as UTF-8 (no lone surrogates).
+    """
+    if isinstance(args, ReadFileArgs):
+        _check_path("args.path", args.path)
+        _check_line_number("args.offset", args.offset)
+        _check_line_number("args.limit", args.limit)
+    elif isinstance(args, WriteFileArgs):
+        _check_path("args.path", args.path)
+        _check_utf8("args.content", args.content)
+    elif isinstance(args, EditFilesArgs):
+        if not args.files:
+            raise ValueError("args.files: must not be empty")
+        for i, entry in enumerate(args.files):
+            _check_path(f"args.files[{i}].path", entry.path)
+            if not entry.edits:
+                raise ValueError(f"args.files[{i}].edits: must not be empty")
+            for j, edit in enumerate(entry.edits):
+                field = f"args.files[{i}].edits[{j}]"
+                if not edit.old:
+                    raise ValueError(f"{field}.old: must not be empty")
+                _check_utf8(f"{field}.old", edit.old)
+                _check_utf8(f"{field}.new", edit.new)
+    elif isinstance(args, SearchFilesArgs):
+        if not args.pattern:
+            raise ValueError("args.pattern: must not be empty")
+        if args.path is not None:
+            _check_path("args.path", args.path)
+        if args.glob is not None:
+            _check_path("args.glob", args.glob)
+    else:
+        assert_never(args)
+
+
+def _check_path(field: str, value: str) -> None:
+    if not value:
+        raise ValueError(f"{field}: must not be empty")
+    if "\0" in value:
+        raise ValueError(f"{field}: must not contain a NUL character")
+
+
+def _check_line_number(field: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{field}: must be >= 1")
+
+
+def _check_utf8(field: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{field}: must be valid Unicode (lone surrogate at {e.start})") from None
+
+
+# --- shared helpers -----------------------------------------------------------------------------
+
+
+def _resolve(workspace: str, path: str) -> str:
+    """The path to open: `path` against the workspace, `~` expanded; symlinks left to the OS."""
+    return os.path.join(os.path.expanduser(workspace), os.path.expanduser(path))
+
+
+def _completed(text: str, data: dict[str, Any], output: str = "") -> ToolReport:
+    return ToolReport(outcome=Outcome.COMPLETED, text=text, data=data, output=output)
+
+
+def _failed(failure: ToolFailure) -> ToolReport:
+    return ToolReport(outcome=Outcome.FAILED, text=failure.text, data=None)
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
+
+
+def _os_failure(e: OSError, shown: str, verb: str) -> ToolFailure:
+    """One plain sentence for an OSError on `shown` (the path as the caller gave it)."""
+    if isinstance(e, FileNotFoundError):
+        return ToolFailure(f"{shown} does not exist")
+    if isinstance(e, NotADirectoryError):
+        return ToolFailure(f"{shown} does not exist: a parent of it is a file, not a directory")
+    if isinstance(e, IsADirectoryError):
+        return ToolFailure(f"{shown} is a directory, not a file")
+    if isinstance(e, PermissionError):
+        return ToolFailure(f"cannot {verb} {shown}: permission denied")
+    if e.errno == errno.ELOOP:
+        return ToolFailure(f"cannot {verb} {shown}: too many levels of symbolic links")
+    if e.errno == errno.ENOSPC:
+        return ToolFailure(f"cannot {verb} {shown}: no space left on device")
+    reason = e.strerror or str(e)
+    return ToolFailure(f"cannot {verb} {shown}: {reason[:1].lower()}{reason[1:]}")
+
+
+def _stat_regular(full: str, shown: str, verb: str, tool: str) -> os.stat_result:
+    """Stat `full` (following symlinks) and insist on a regular file."""
+    try:
+        st = os.stat(full)
+    except OSError as e:
+        raise _os_failure(e, shown, verb) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ToolFailure(f"{shown} is a directory; {tool} works on files")
+    if not stat.S_ISREG(st.st_mode):
+        raise ToolFailure(f"{shown} is not a regular file; {tool} works on regular files")
+    return st
+
+
+# How each tool says it does not handle binary files.
+_TEXT_ONLY = {
+    "read_file": "read_file only returns text",
+    "edit_files": "edit_files only edits text",
+    "search_files": "search_files only searches text",
+}
+
+
+def _binary_failure(shown: str, tool: str, why: str) -> ToolFailure:
+    return ToolFailure(f"{shown} is a binary file ({why}); {_TEXT_ONLY[tool]}")
+
+
+@dataclass
+class _TextLine:
+    raw: bytes  # the line's bytes including its "\n" (the last line may lack one)
+    text: str  # raw decoded as UTF-8
+
+
+def _text_lines(f: BinaryIO, shown: str, tool: str) -> Iterator[_TextLine]:
+    """Yield the lines of the binary file object `f`, refusing binary content.
+
+    Raises ToolFailure if a NUL byte is in the first BINARY_SNIFF_BYTES or a line is not valid
+    UTF-8. A "\\n" byte never occurs inside a multi-byte UTF-8 sequence, so lines decode alone.
+    """
+    if b"\0" in f.read(BINARY_SNIFF_BYTES):
+        raise _binary_failure(shown, tool, "it contains NUL bytes")
+    f.seek(0)
+    offset = 0
+    for raw in f:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _binary_failure(
+                shown, tool, f"not valid UTF-8 at byte {offset + e.start}"
+            ) from None
+        yield _TextLine(raw, text)
+        offset += len(raw)
+
+
+# --- read_file ----------------------------------------------------------------------------------
+
+
+def read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
+    """Return lines ``offset`` .. ``offset + limit - 1`` (1-based) of a UTF-8 text file.
+
+    ``data = {"content", "lines", "total_lines"}``; ``output`` is the content too. Content keeps
+    its line endings. Without ``limit`` the whole rest of the file is returned, and either way
+    at most READ_MAX_LINES lines and READ_MAX_BYTES bytes; when a cap stops the read, the text
+    says so and names the offset to continue from. A single line longer than READ_MAX_BYTES is
+    returned cut. An offset past the end is not a failure: the result is completed with empty
+    content and the text gives the file's line count. The whole file is scanned (to count
+    lines and to check it is UTF-8), but only the requested lines are kept in memory.
+    """
+    check_args(args)
+    try:
+        return _read_file(workspace, args)
+    except ToolFailure as f:
+        return _failed(f)
+
+
+def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
+    shown = args.path
+    full = _resolve(workspace, shown)
+    _stat_regular(full, shown, "read", "read_file")
+    start = args.offset if args.offset is not None else 1
+    want = READ_MAX_LINES if args.limit is None else min(args.limit, READ_MAX_LINES)
+    capped_by_lines = args.limit is None or args.limit > READ_MAX_LINES
+    parts: list[str] = []
+    size = 0  # bytes of content kept
+    total = 0  # lines seen so far; the whole file at the end
+    stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
+    note = ""  # why a cap stopped the read, with the offset to continue from
+    try:
+        with open(full, "rb") as f:
+            for line in _text_lines(f, shown, "read_file"):
+                total += 1
+                if total < start or stopped_at is not None:
+                    continue
+                if len(parts) == want:
+                    stopped_at = total
+                    if capped_by_lines:
+                        note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
+                elif size + len(line.raw) <= READ_MAX_BYTES:
+                    parts.append(line.text)
+                    size += len(line.raw)
+                elif parts:
+                    stopped_at = total
+                    note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
+                else:
+                    # One line over the byte cap: return its head, cut on a character boundary
+                    # (the line decoded whole, so only the last character can be partial).
+                    cut = line.raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
+                    parts.append(cut)
+                    size = len(cut.encode("utf-8"))
+                    stopped_at = total + 1
+                    note = (
+                        f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
+                        f" to its first {size} bytes"
+                    )
+    except OSError as e:
+        raise _os_failure(e, shown, "read") from None
+    if note and stopped_at is not None and stopped_at <= total:
+        note += f"; continue with offset={stopped_at}"
+    content = "".join(parts)
+    n = len(parts)
+    data = {"content": content, "lines": n, "total_lines": total}
+    if total == 0:
+        text = f"read 0 of 0 lines of {shown}; the file is empty"
+    elif start > total:
+        text = (
+            f"offset {start} is past the end of {shown}, which has"
+            f" {_plural(total, 'line')}; nothing was read"
+        )
+    else:
+        text = f"read {n} of {_plural(total, 'line')} of {shown}"
+        if n < total:
+            text += f" (lines {start}-{start + n - 1})"
+        text += note
+    return _completed(text, data, output=content)
+
+
+# --- atomic writes ------------------------------------------------------------------------------
+
+
+def _create_temp(directory: str, mode: int) -> tuple[int, str]:
+    """Create and open a new, uniquely named file in `directory`; return (fd, path).
+
+    Like tempfile.mkstemp, but with a caller-chosen mode: O_CREAT applies the umask (and any
+    default ACL) exactly as a normal open would, which a later chmod could not reproduce.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(TEMP_NAME_ATTEMPTS):
+        path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(path, flags, mode), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", directory)
+
+
+def _atomic_write(target: str, data: bytes, old: os.stat_result | None) -> None:
+    """Replace `target` (a resolved path, no symlink) by a file holding `data`, atomically.
+
+    The bytes go to a temp file in the same directory (so the rename cannot cross file
+    systems), are flushed and fsynced, then os.replace puts it in place: a reader sees the old
+    file or the new one, never half of either. `old` is the stat of the file being replaced:
+    its mode is kept, and its owner when the process may chown; a new file gets 0o666 minus
+    the umask. The temp file is removed on any failure. Raises OSError.
+    """
+    directory = os.path.dirname(target) or "."
+    fd, temp = _create_temp(directory, 0o600 if old is not None else 0o666)
+    replaced = False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if old is not None:
+                if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+                    # Only root may give a file away; otherwise keep our own ownership.
+                    with suppress(PermissionError):
+                        os.fchown(f.fileno(), old.st_uid, old.st_gid)
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode))  # after chown, which clears suid
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+        replaced = True
+    finally:
+        if not replaced:
+            with suppress(OSError):
+                os.unlink(temp)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename durable (best effort: not every platform or file system allows it)."""
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _make_parents(directory: str) -> list[str]:
+    """Create `directory` and its missing ancestors; return those created, outermost first.
+
+    On failure the directories created so far are removed again before the OSError propagates.
+    """
+    missing: list[str] = []
+    current = directory
+    while not os.path.isdir(current):
+        if os.path.lexists(current):
+            raise NotADirectoryError(errno.ENOTDIR, "a parent path is a file", current)
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    created: list[str] = []
+    try:
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+    except OSError:
+        _remove_dirs(created)
+        raise
+    return created
+
+
+def _remove_dirs(created: list[str]) -> None:
+    for d in reversed(created):
+        with suppress(OSError):
+            os.rmdir(d)
+
+
+# --- write_file ---------------------------------------------------------------------------------
+
+
+def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
+    """Write ``content`` (as UTF-8) to ``path``, atomically; ``data = {"bytes": n}``.
+
+    Missing parent directories are created (and removed again if the write then fails). An
+    existing file keeps its mode (and owner, when permitted); a new file gets 0o666 minus the
+    umask. If ``path`` is a symlink, the file it resolves to is written and the link stays a
+    link (a dangling link gets its target created). As with any rename-based write, the path
+    gets a new inode: other hard links to the old file keep the old content. A directory or
+    other non-regular target is refused.
+    """
+    check_args(args)
+    try:
+        return _write_file(workspace, args)
+    except ToolFailure as f:
+        return _failed(f)
+
+
+def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
+    shown = args.path
+    data = args.content.encode("utf-8")
+    target = os.path.realpath(_resolve(workspace, shown))
+    old: os.stat_result | None
+    try:
+        old = os.stat(target)
+    except FileNotFoundError:
+        old = None
+    except OSError as e:
+        raise _os_failure(e, shown, "write") from None
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        raise ToolFailure(f"{shown} is a directory; write_file writes files")
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        raise ToolFailure(f"{shown} is not a regular file; write_file only replaces regular files")
+    if old is not None and not os.access(target, os.W_OK):
+        # The rename would replace it anyway; refuse as open(path, "w") would.
+        raise ToolFailure(f"cannot write {shown}: permission denied (the file is read-only)")
+    try:
+        created = _make_parents(os.path.dirname(target))
+    except NotADirectoryError:
+        raise ToolFailure(
+            f"cannot write {shown}: a parent of it is a file, not a directory"
+        ) from None
+    except OSError as e:
+        raise _os_failure(e, shown, "create the parent directories of") from None
+    try:
+        _atomic_write(target, data, old)
+    except OSError as e:
+        _remove_dirs(created)
+        raise _os_failure(e, shown, "write") from None
+    return _completed(f"wrote {_plural(len(data), 'byte')} to {shown}", {"bytes": len(data)})
+
+
+# --- edit_files ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _EditTarget:
+    target: str  # resolved path (symlinks followed): two entries naming it share one target
+    shown: str  # the path as first given
+    original: bytes
+    stat: os.stat_result
+    text: str  # current in-memory content, edits applied so far
+
+
+def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
+    """Apply exact-text replacements to one or more UTF-8 files, all or nothing.
+
+    ``data = {"files": [{"path": <as given>, "replacements": n}, ...]}``, one entry per entry
+    of ``args.files``, in order. Every file is read and every edit applied in memory first.
+    Edits apply in order within a file (edit 2 sees the result of edit 1); an edit whose
+    ``old`` is not found, or is found more than once without ``replace_all``, fails the whole
+    call and nothing is written. Texts number edits from 1 ("edit 2 of a.py" is
+    ``files[i].edits[1]``). A file named twice (also through another spelling or a symlink)
+    gets the second entry's edits applied after the first's, and is written once. Matching is
+    exact: a file with CRLF line endings needs CRLF in ``old``. Files the edits leave unchanged
+    are not rewritten.
+
+    Only then is each changed file written atomically (as write_file does). If a write fails,
+    the files already written are restored from their original bytes, best effort: the failed
+    text says whether that worked. Missing, binary, non-UTF-8 and non-regular files fail.
+    """
+    check_args(args)
+    try:
+        return _edit_files(workspace, args)
+    except ToolFailure as f:
+        return _failed(f)
+
+
+_UNCHANGED = "; no file was changed"
+
+
+def _load_edit_target(target: str, shown: str) -> _EditTarget:
+    try:
+        st = _stat_regular(target, shown, "read", "edit_files")
+        if not os.access(target, os.W_OK):
+            raise ToolFailure(f"cannot edit {shown}: permission denied (the file is read-only)")
+        with open(target, "rb") as f:
+            lines = list(_text_lines(f, shown, "edit_files"))
+    except ToolFailure as e:
+        raise ToolFailure(e.text + _UNCHANGED) from None
+    except OSError as e:
+        raise ToolFailure(_os_failure(e, shown, "read").text + _UNCHANGED) from None
+    original = b"".join(line.raw for line in lines)
+    text = "".join(line.text for line in lines)
+    return _EditTarget(target, shown, original, st, text)
+
+
+def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
+    targets: dict[str, _EditTarget] = {}  # by resolved path, in order of first appearance
+    counts: list[int] = []
+    for entry in args.files:
+        target = os.path.realpath(_resolve(workspace, entry.path))
+        current = targets.get(target)
+        if current is None:
+            current = targets[target] = _load_edit_target(target, entry.path)
+        count = 0
+        for number, edit in enumerate(entry.edits, start=1):
+            found = current.text.count(edit.old)
+            where = f"edit {number} of {entry.path}"
+            if found == 0:
+                hint = ""
+                if "\r\n" in current.text and "\n" in edit.old and "\r\n" not in edit.old:
+                    hint = " (the file has CRLF line endings)"
+                raise ToolFailure(f"{where}: `old` text not found{hint}{_UNCHANGED}")
+            if found > 1 and not edit.replace_all:
+                raise ToolFailure(
+                    f"{where}: `old` text occurs {found} times; add more context or set"
+                    f" replace_all{_UNCHANGED}"
+                )
+            current.text = current.text.replace(edit.old, edit.new, -1 if edit.replace_all else 1)
+            count += found if edit.replace_all else 1
+        counts.append(count)
+
+    written: list[_EditTarget] = []  # files already replaced on disk
+    for t in targets.values():
+        new = t.text.encode("utf-8")
+        if new == t.original:
+            continue
+        try:
+            _atomic_write(t.target, new, t.stat)
+        except OSError as e:
+            raise ToolFailure(_write_failure_text(e, t, written)) from None
+        written.append(t)
+
+    total = sum(counts)
+    text = f"applied {_plural(total, 'replacement')} in {_plural(len(targets), 'file')}"
+    files = [
+        {"path": entry.path, "replacements": n} for entry, n in zip(args.files, counts, strict=True)
+    ]
+    return _completed(text, {"files": files})
+
+
+def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarget]) -> str:
+    """Restore the files already written (best effort) and describe the outcome truthfully."""
+    text = _os_failure(e, failed.shown, "write").text
+    not_restored: list[str] = []
+    for t in reversed(written):
+        try:
+            _atomic_write(t.target, t.original, os.stat(t.target))
+        except OSError:
+            not_restored.append(t.shown)
+    if not written:
+        return text + _UNCHANGED
+    if not not_restored:
+        restored = (
+            "the file already written was"
+            if len(written) == 1
+            else "the files already written were"
+        )
+        return f"{text}; {restored} restored{_UNCHANGED}"
+    return (
+        f"{text}; restoring {', '.join(reversed(not_restored))} also failed, so"
+        f" {'it holds' if len(not_restored) == 1 else 'they hold'} the edited content"
+    )
+
+
+# --- search_files -------------------------------------------------------------------------------
+
+
+def _glob_regex(glob: str) -> re.Pattern[str]:
+    """Compile a glob over "/"-separated paths relative to the search root.
+
+    ``*`` matches within one path component, ``?`` one character other than "/", ``[...]`` a
+    character class (``[!...]`` negated), ``**/`` zero or more whole directories, and a
+    trailing ``**`` everything below. A glob without "/" matches the file's base name at any
+    depth ("*.py"); a glob with "/" matches the whole relative path ("src/**/*.py" matches
+    src/a.py and src/x/y/a.py; a leading "/" or "./" is dropped). Case-sensitive.
+    """
+    if "/" not in glob:
+        glob = "**/" + glob
+    while glob.startswith(("/", "./")):
+        glob = glob[1:] if glob.startswith("/") else glob[2:]
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif glob[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif glob[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif glob[i] == "[":
+            j = i + 1
+            if j < n and glob[j] == "!":
+                j += 1
+            if j < n and glob[j] == "]":
+                j += 1
+            j = glob.find("]", j)
+            if j == -1:
+                out.append(re.escape("["))
+                i += 1
+                continue
+            body = glob[i + 1 : j].replace("\\", "\\\\")
+            for special in "[&~|":  # literal in a glob class; set operators in a future re
+                body = body.replace(special, "\\" + special)
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            elif body.startswith("^"):
+                body = "\\" + body
+            out.append(f"[{body}]")
+            i = j + 1
+        else:
+            out.append(re.escape(glob[i]))
+            i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _is_inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class _PathShower:
+    """Turns an absolute file path into the path a match reports."""
+
+    def __init__(self, workspace: str) -> None:
+        self.workspace = os.path.abspath(os.path.expanduser(workspace))
+        self.workspace_real = os.path.realpath(self.workspace)
+
+    def __call__(self, path: str) -> str:
+        for root in (self.workspace, self.workspace_real):
+            if _is_inside(path, root):
+                return os.path.relpath(path, root)
+        return path
+
+
+def search_files(
+    workspace: str, args: SearchFilesArgs, *, max_matches: int = SEARCH_MAX_MATCHES
+) -> ToolReport:
+    """Search text files line by line for the Python regex ``pattern``.
+
+    ``data = {"matches": [{"path", "line", "text"}], "truncated": bool}``; ``output`` lists the
+    matches as ``path:line: text`` lines. ``path`` (default: the workspace root) is a file or a
+    directory. A directory is walked in sorted order (deterministic results), skipping VCS
+    directories (.git, .hg, .svn, ...) and not following directory symlinks (no loops);
+    symlinks to files are searched. ``glob`` filters the files found by the walk (see
+    _glob_regex); a file named directly by ``path`` is searched whatever the glob.
+
+    The pattern is matched with ``re.search`` against each line without its line ending
+    (``\\n`` or ``\\r\\n``). Files with a NUL byte in their first 8 KiB are skipped as binary
+    (naming one directly fails); other bytes that are not UTF-8 decode as U+FFFD, so files in
+    a legacy encoding are still searched. Unreadable files and directories are skipped and
+    counted in the text. Reported paths are relative to the workspace when inside it, else
+    absolute; line numbers are 1-based; texts are cut to SEARCH_MAX_LINE_CHARS characters.
+    After ``max_matches`` matches the search stops; ``truncated`` is true when at least one
+    more match exists.
+    """
+    check_args(args)
+    try:
+        return _search_files(workspace, args, max_matches)
+    except ToolFailure as f:
+        return _failed(f)
+
+
+@dataclass
+class _SearchState:
+    matches: list[dict[str, Any]]
+    files: set[str]  # shown paths with at least one match
+    searched: int = 0
+    unreadable: int = 0
+    truncated: bool = False
+
+
+def _search_files(workspace: str, args: SearchFilesArgs, max_matches: int) -> ToolReport:
+    try:
+        regex = re.compile(args.pattern)
+    except re.error as e:
+        raise ToolFailure(f"invalid regex {args.pattern!r}: {e}") from None
+    shown_root = args.path if args.path is not None else "the workspace"
+    root = os.path.abspath(_resolve(workspace, args.path if args.path is not None else "."))
+    try:
+        st = os.stat(root)
+    except OSError as e:
+        raise _os_failure(e, shown_root, "search") from None
+    show = _PathShower(workspace)
+    state = _SearchState(matches=[], files=set())
+    glob_re: re.Pattern[str] | None = None
+    if stat.S_ISDIR(st.st_mode):
+        if args.glob is not None:
+            glob_re = _glob_regex(args.glob)
+        _search_tree(root, regex, glob_re, show, state, max_matches)
+    elif stat.S_ISREG(st.st_mode):
+        try:
+            binary = _search_file(root, regex, show(root), state, max_matches)
+        except OSError as e:
+            raise _os_failure(e, shown_root, "search") from None
+        if binary:
+            raise _binary_failure(shown_root, "search_files", "it contains NUL bytes")
+    else:
+        raise ToolFailure(f"{shown_root} is not a regular file or a directory")
+
+    found = len(state.matches)
+    if found:
+        text = f"found {_plural(found, 'match', 'matches')} in {_plural(len(state.files), 'file')}"
+    elif glob_re is not None and state.searched == 0:
+        text = f"found no matches: no text file in {shown_root} matches glob {args.glob!r}"
+    else:
+        text = f"found no matches for {args.pattern!r}"
+    if stat.S_ISDIR(st.st_mode):
+        text += f" (searched {_plural(state.searched, 'file')} in {shown_root})"
+    elif not found:
+        text += f" in {shown_root}"
+    if state.truncated:
+        text += f"; stopped at {max_matches} matches: narrow the pattern, path or glob"
+    if state.unreadable:
+        skipped = _plural(state.unreadable, "file or directory", "files or directories")
+        text += f"; could not read {skipped}"
+    output = "".join(f"{m['path']}:{m['line']}: {m['text']}\n" for m in state.matches)
+    return _completed(text, {"matches": state.matches, "truncated": state.truncated}, output)
+
+
+def _walk_files(root: str, state: _SearchState) -> Iterator[tuple[str, str]]:
+    """Yield (path, "/"-separated path relative to root) of every file below `root`.
+
+    Order is by path, component by component (each directory's entries sorted by name, a
+    subdirectory's files coming where its name sorts), so results never depend on the order
+    the file system lists entries in. VCS directories are skipped and directory symlinks are
+    not descended into; unreadable directories are counted in `state.unreadable`.
+    """
+    stack: list[tuple[str, str, Iterator[os.DirEntry[str]]]] = []
+
+    def push(path: str, rel: str) -> None:
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            state.unreadable += 1
+            return
+        stack.append((path, rel, iter(entries)))
+
+    push(root, "")
+    while stack:
+        _path, rel_dir, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            continue
+        rel = f"{rel_dir}{entry.name}"
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            if entry.name not in VCS_DIRS:
+                push(entry.path, rel + "/")
+        else:
+            yield entry.path, rel
+
+
+def _search_tree(
+    root: str,
+    regex: re.Pattern[str],
+    glob_re: re.Pattern[str] | None,
+    show: _PathShower,
+    state: _SearchState,
+    max_matches: int,
+) -> None:
+    for path, rel in _walk_files(root, state):
+        if glob_re is not None and not glob_re.fullmatch(rel):
+            continue
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                continue  # directory symlinks, FIFOs, sockets, devices, dangling links
+            _search_file(path, regex, show(path), state, max_matches)
+        except OSError:
+            state.unreadable += 1
+        if state.truncated:
+            return
+
+
+def _search_file(
+    path: str, regex: re.Pattern[str], shown: str, state: _SearchState, max_matches: int
+) -> bool:
+    """Search one file, appending to `state`; return True if it was skipped as binary."""
+    with open(path, "rb") as f:
+        if b"\0" in f.read(BINARY_SNIFF_BYTES):
+            return True
+        f.seek(0)
+        state.searched += 1
+        for number, raw in enumerate(f, start=1):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            if line.endswith("\r"):
+                line = line[:-1]
+            if regex.search(line) is None:
+                continue
+            if len(state.matches) >= max_matches:
+                state.truncated = True
+                return False
+            state.matches.append(
+                {"path": shown, "line": number, "text": line[:SEARCH_MAX_LINE_CHARS]}
+            )
+            state.files.add(shown)
+    return False

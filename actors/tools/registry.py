@@ -1,0 +1,75 @@
+"""The tools of protocol version 1, how their args are checked, and how each one runs."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from actors.results import ToolwireError
+from actors.tools import files
+from actors.tools.execute import ExecuteArgs
+from actors.tools.process_tools import ProcessListArgs, ProcessOutputArgs, ProcessSignalArgs
+
+
+class ToolKind(enum.Enum):
+    EXECUTE = "execute"  # spawns a process the chat owns
+    PROCESS = "process"  # works on the chat's process table
+    INLINE = "inline"  # a short synchronous file operation, run on the event loop
+    THREAD = "thread"  # a file operation that may take long (a tree walk): a worker thread
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDef:
+    name: str
+    args_type: type[msgspec.Struct]
+    kind: ToolKind
+
+
+TOOLS: dict[str, ToolDef] = {
+    tool.name: tool
+    for tool in (
+        ToolDef("execute", ExecuteArgs, ToolKind.EXECUTE),
+        ToolDef("process_output", ProcessOutputArgs, ToolKind.PROCESS),
+        ToolDef("process_signal", ProcessSignalArgs, ToolKind.PROCESS),
+        ToolDef("process_list", ProcessListArgs, ToolKind.PROCESS),
+        ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE),
+        ToolDef("write_file", files.WriteFileArgs, ToolKind.INLINE),
+        ToolDef("edit_files", files.EditFilesArgs, ToolKind.INLINE),
+        ToolDef("search_files", files.SearchFilesArgs, ToolKind.THREAD),
+    )
+}
+
+TOOL_NAMES: list[str] = list(TOOLS)
+
+
+def lookup(name: str) -> ToolDef:
+    tool = TOOLS.get(name)
+    if tool is None:
+        raise ToolwireError(
+            "unknown_tool", f"unknown tool {name!r}; this agent has: {', '.join(TOOL_NAMES)}"
+        )
+    return tool
+
+
+def parse_args(tool: ToolDef, args: Any) -> msgspec.Struct:
+    """Check args against the tool's schema; ToolwireError(bad_args) names the field."""
+    if not isinstance(args, dict):
+        raise ToolwireError("bad_args", f"{tool.name}: args must be an object")
+    try:
+        parsed = msgspec.convert(args, tool.args_type)
+    except msgspec.ValidationError as exc:
+        raise ToolwireError("bad_args", f"{tool.name}: {_args_path(str(exc))}") from None
+    if tool.kind in (ToolKind.INLINE, ToolKind.THREAD):
+        try:
+            files.check_args(parsed)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ToolwireError("bad_args", f"{tool.name}: {exc}") from None
+    return parsed
+
+
+def _args_path(message: str) -> str:
+    # msgspec names the path from the root of what it converted: `$.cwd`; say `args.cwd`.
+    return message.replace("`$.", "`args.").replace("`$`", "`args`")

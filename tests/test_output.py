@@ -1,0 +1,498 @@
+"""Tests of actors/output.py against a plain `bytes` model.
+
+The model keeps every byte ever appended; the expected retained ranges, reads and Result output
+are computed from it with Python's own UTF-8 decoder as the oracle for character boundaries.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import time
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from actors.output import (
+    DEFAULT_RESULT_BYTES,
+    DEFAULT_RETENTION_BYTES,
+    OMITTED_MARKER,
+    RESULT_HEAD_BYTES,
+    RUNNING_HEAD_BYTES,
+    Chunk,
+    OutputBuffer,
+)
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    retention: int
+    head: int
+    result: int
+    result_head: int
+
+    def buffer(self) -> OutputBuffer:
+        return OutputBuffer(self.retention, self.head, self.result, self.result_head)
+
+
+SMALL = Config(retention=64, head=16, result=32, result_head=8)
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def held_back(data: bytes) -> int:
+    """How many trailing bytes of `data` an incremental decoder holds back (an incomplete char)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(data, final=False)
+    pending, _ = decoder.getstate()
+    return len(pending)
+
+
+def orphans(data: bytes) -> int:
+    """Leading continuation bytes (at most 3): the rest of a character whose start is gone."""
+    count = 0
+    while count < min(3, len(data)) and 0x80 <= data[count] <= 0xBF:
+        count += 1
+    return count
+
+
+def boundaries(data: bytes) -> set[int]:
+    """Offsets where decoding can be split without changing the text: character starts."""
+    full = decode(data)
+    return {q for q in range(len(data) + 1) if decode(data[:q]) + decode(data[q:]) == full}
+
+
+def open_state(cfg: Config, total: int) -> tuple[int, int]:
+    """(end of head range, start of tail range) while the process runs."""
+    head_end = min(total, cfg.head)
+    return head_end, max(head_end, total - (cfg.retention - cfg.head))
+
+
+def closed_state(cfg: Config, total: int) -> tuple[int, int]:
+    """(end of head range, start of tail range) after close()."""
+    head_end, tail_start = open_state(cfg, total)
+    gap = tail_start > head_end
+    new_head_end = min(cfg.result_head, head_end if gap else total)
+    new_tail_start = max(total - (cfg.result - cfg.result_head), tail_start if gap else 0)
+    return new_head_end, max(new_tail_start, new_head_end)
+
+
+def ranges_of(head_end: int, tail_start: int, total: int) -> tuple[tuple[int, int], ...]:
+    if tail_start == head_end:
+        return ((0, total),) if total else ()
+    return tuple(r for r in ((0, head_end), (tail_start, total)) if r[0] < r[1])
+
+
+def expected_result(cfg: Config, model: bytes) -> tuple[str, int]:
+    """The Result output, built from the model as PROTOCOL.md 5.2 describes it."""
+    total = len(model)
+    head_end, tail_start = open_state(cfg, total)
+    gap = tail_start > head_end
+    if not gap and total <= cfg.result:
+        return decode(model), 0
+    head = model[: min(cfg.result_head, head_end if gap else total)]
+    head = head[: len(head) - held_back(head)]
+    tail = model[max(total - (cfg.result - cfg.result_head), tail_start if gap else 0) :]
+    tail = tail[orphans(tail) :]
+    omitted = total - len(head) - len(tail)
+    return decode(head) + "\n" + OMITTED_MARKER.format(n=omitted) + "\n" + decode(tail), omitted
+
+
+def first_retained(ranges: tuple[tuple[int, int], ...], total: int, offset: int) -> int:
+    for start, end in ranges:
+        if offset < end:
+            return max(offset, start)
+    return total
+
+
+class ReadOracle:
+    """What read() may return, from the model and the retained ranges."""
+
+    def __init__(self, model: bytes, ranges: tuple[tuple[int, int], ...], closed: bool) -> None:
+        self.model = model
+        self.total = len(model)
+        self.ranges = ranges
+        # per range: (start, end, character starts, valid chunk ends)
+        self.info: list[tuple[int, int, list[int], list[int]]] = []
+        for start, end in ranges:
+            skip = orphans(model[start:end]) if start > 0 else 0
+            data = model[start + skip : end]
+            starts = sorted(start + skip + q for q in boundaries(data))
+            final = closed or end < self.total
+            ends = [q for q in starts if q < end or final or held_back(data) == 0]
+            self.info.append((start, end, starts, ends))
+
+    def check(self, chunk: Chunk | None, offset: int, max_bytes: int) -> None:
+        begin = first_retained(self.ranges, self.total, offset)
+        for _start, end, starts, ends in self.info:
+            if begin >= end:
+                continue
+            first = min(q for q in starts if q >= begin)
+            if first == end:  # only the rest of a character whose start is elsewhere: go on
+                begin = end
+                continue
+            later = [q for q in ends if q > first]
+            if not later:
+                assert chunk is None, (offset, chunk)
+                return
+            assert chunk is not None, (offset, first)
+            assert chunk.offset == first, (offset, chunk, first)
+            assert chunk.next_offset in later, (offset, chunk)
+            limit = min(end, first + max_bytes)
+            if min(later) > limit:  # max_bytes smaller than one character: exactly that one
+                assert chunk.next_offset == min(later)
+            else:  # as much as fits, minus at most one character not yet known complete
+                assert chunk.next_offset <= limit
+                assert not [q for q in later if chunk.next_offset < q < limit]
+                assert limit - chunk.next_offset <= 3
+            assert chunk.data == decode(self.model[chunk.offset : chunk.next_offset])
+            return
+        assert chunk is None, (offset, chunk)
+
+
+def check_state(buf: OutputBuffer, cfg: Config, model: bytes) -> tuple[tuple[int, int], ...]:
+    total = len(model)
+    head_end, tail_start = (closed_state if buf.closed else open_state)(cfg, total)
+    ranges = ranges_of(head_end, tail_start, total)
+    assert buf.total == total
+    assert buf.retained_ranges() == ranges
+    retained = sum(end - start for start, end in ranges)
+    assert buf.retained_bytes == retained
+    assert buf.dropped_bytes == total - retained
+    for offset in range(total + 2):
+        assert buf.first_retained(offset) == first_retained(ranges, total, offset)
+    if buf.closed:
+        assert buf.retained_bytes <= cfg.result
+        assert buf.storage_bytes == buf.retained_bytes
+    else:
+        assert buf.storage_bytes <= cfg.head + 2 * (cfg.retention - cfg.head)
+    return ranges
+
+
+def check_reads(buf: OutputBuffer, model: bytes, max_sizes: list[int]) -> None:
+    oracle = ReadOracle(model, buf.retained_ranges(), buf.closed)
+    for max_bytes in max_sizes:
+        for offset in range(len(model) + 2):
+            oracle.check(buf.read(offset, max_bytes), offset, max_bytes)
+
+
+# -- strategies --------------------------------------------------------------------------------
+
+# ASCII, 2-, 3- and 4-byte characters, newlines and a NUL: the shapes of real build output.
+TEXT = st.text(alphabet=st.sampled_from("ab \n\x00é€中😀🎉"), max_size=16)
+PIECE = st.one_of(st.binary(max_size=24), TEXT.map(str.encode))
+
+
+@st.composite
+def splits(draw: st.DrawFn, max_parts: int = 10) -> list[bytes]:
+    """Output bytes split into appends at arbitrary byte positions (so inside characters)."""
+    blob = b"".join(draw(st.lists(PIECE, max_size=max_parts)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(blob)), max_size=max_parts)))
+    edges = [0, *cuts, len(blob)]
+    return [blob[a:b] for a, b in itertools.pairwise(edges)]
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    retention = draw(st.integers(0, 72))
+    result = draw(st.integers(0, 48))
+    return Config(
+        retention=retention,
+        head=draw(st.integers(0, retention)),
+        result=result,
+        result_head=draw(st.integers(0, result)),
+    )
+
+
+CONFIGS = st.one_of(
+    st.sampled_from([SMALL, Config(64, 0, 32, 0), Config(40, 40, 32, 32), Config(8, 4, 6, 2)]),
+    configs(),
+)
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(cfg=CONFIGS, pieces=splits(), max_bytes=st.sampled_from([1, 2, 3, 5, 64]))
+def test_matches_bytes_model(cfg: Config, pieces: list[bytes], max_bytes: int) -> None:
+    buf = cfg.buffer()
+    model = b""
+    for piece in pieces:
+        buf.append(piece)
+        model += piece
+        check_state(buf, cfg, model)
+        check_reads(buf, model, [max_bytes])
+        assert buf.result_output() == expected_result(cfg, model)
+    check_reads(buf, model, [1, 3, 4, 7, 1000])
+    before = buf.result_output()
+    buf.close()
+    check_state(buf, cfg, model)
+    check_reads(buf, model, [1, 3, 4, 7, 1000])
+    assert buf.result_output() == before == expected_result(cfg, model)
+    buf.close()  # idempotent
+    check_state(buf, cfg, model)
+    with pytest.raises(ValueError, match="closed"):
+        buf.append(b"x")
+
+
+ACTIONS = st.lists(
+    st.one_of(
+        PIECE.map(lambda b: ("append", b)),
+        st.sampled_from([1, 2, 3, 6, 50]).map(lambda n: ("read", n)),
+    ),
+    max_size=40,
+)
+
+
+def drain(buf: OutputBuffer, cursor: int, max_bytes: int, out: list[Chunk]) -> int:
+    while (chunk := buf.read(cursor, max_bytes)) is not None:
+        out.append(chunk)
+        cursor = chunk.next_offset
+    return cursor
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cfg=st.sampled_from(
+        [Config(4096, 16, 4096, 8), Config(4096, 16, 32, 8), Config(4096, 0, 4096, 0)]
+    ),
+    pieces=splits(max_parts=30),
+    reads=st.lists(st.integers(1, 9), max_size=30),
+)
+def test_cursor_reproduces_decode_when_never_truncated(
+    cfg: Config, pieces: list[bytes], reads: list[int]
+) -> None:
+    buf = cfg.buffer()
+    chunks: list[Chunk] = []
+    cursor = 0
+    for index, piece in enumerate(pieces):
+        buf.append(piece)
+        if index < len(reads):
+            cursor = drain(buf, cursor, reads[index], chunks)
+            assert cursor >= buf.total - 3  # at most one incomplete character held back
+    cursor = drain(buf, cursor, 64, chunks)
+    assert buf.dropped_bytes == 0
+    buf.close()
+    cursor = drain(buf, cursor, 64, chunks)
+    model = b"".join(pieces)
+    assert cursor == len(model)
+    assert "".join(chunk.data for chunk in chunks) == decode(model)
+    # Contiguous offsets: nothing skipped, nothing read twice.
+    assert [c.offset for c in chunks] == [0, *(c.next_offset for c in chunks)][: len(chunks)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(cfg=CONFIGS, actions=ACTIONS)
+def test_cursor_jumps_only_over_dropped_bytes(
+    cfg: Config, actions: list[tuple[str, object]]
+) -> None:
+    buf = cfg.buffer()
+    model = b""
+    cursor = 0
+    seen: list[Chunk] = []
+    for kind, arg in [*actions, ("close", None), ("read", 7)]:
+        if kind == "append":
+            assert isinstance(arg, bytes)
+            buf.append(arg)
+            model += arg
+            continue
+        if kind == "close":
+            buf.close()
+            continue
+        assert isinstance(arg, int)
+        while (chunk := buf.read(cursor, arg)) is not None:
+            assert chunk.data == decode(model[chunk.offset : chunk.next_offset])
+            assert chunk.next_offset > chunk.offset >= cursor
+            if chunk.offset != cursor:
+                # A jump: the cursor's byte was dropped, or it is among the orphaned rest of a
+                # character at the start of the tail range (whose own start was dropped).
+                resumed = buf.first_retained(cursor)
+                tail_start = buf.retained_ranges()[-1][0]
+                assert resumed != cursor or (buf.dropped_bytes and cursor < tail_start + 3)
+                assert chunk.offset - resumed <= 3
+            seen.append(chunk)
+            cursor = chunk.next_offset
+    # Closed and drained: all that is left after the cursor is at most the orphaned rest of a
+    # character at the start of the tail range (nothing at all if nothing was dropped).
+    rest = model[buf.first_retained(cursor) :]
+    assert cursor == len(model) or (buf.dropped_bytes and orphans(rest) == len(rest))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=64), max_bytes=st.integers(1, 5))
+def test_tiny_reads_of_binary_match_python_decoder(data: bytes, max_bytes: int) -> None:
+    """max_bytes < 4 forces one-character reads: the buffer's idea of a character must agree
+    with CPython's decoder byte for byte, invalid sequences included."""
+    buf = OutputBuffer(retention_bytes=128, head_bytes=16)
+    buf.append(data)
+    buf.close()
+    chunks: list[Chunk] = []
+    assert drain(buf, 0, max_bytes, chunks) == len(data)
+    assert "".join(c.data for c in chunks) == decode(data)
+
+
+# -- explicit cases ----------------------------------------------------------------------------
+
+
+def test_three_megabytes_keep_first_and_last_lines() -> None:
+    lines = [f"line {n:07d} {'x' * 40}\n".encode() for n in range(60_000)]
+    output = b"".join(lines)
+    assert len(output) > 3_000_000
+    buf = OutputBuffer()
+    for start in range(0, len(output), 4096):
+        buf.append(output[start : start + 4096])
+    assert buf.total == len(output)
+    assert buf.retained_bytes == DEFAULT_RETENTION_BYTES
+    assert buf.dropped_bytes == len(output) - DEFAULT_RETENTION_BYTES
+    assert buf.retained_ranges() == (
+        (0, RUNNING_HEAD_BYTES),
+        (len(output) - (DEFAULT_RETENTION_BYTES - RUNNING_HEAD_BYTES), len(output)),
+    )
+
+    text, truncated = buf.result_output()
+    tail_bytes = DEFAULT_RESULT_BYTES - RESULT_HEAD_BYTES
+    assert truncated == len(output) - RESULT_HEAD_BYTES - tail_bytes
+    assert text.startswith(decode(lines[0]))
+    assert text.endswith(decode(lines[-1]))
+    marker = "\n" + OMITTED_MARKER.format(n=truncated) + "\n"
+    assert marker == f"\n[... {truncated} bytes omitted ...]\n"
+    head, _, tail = text.partition(marker)
+    assert head.encode() == output[:RESULT_HEAD_BYTES]
+    assert tail.encode() == output[-tail_bytes:]
+
+    buf.close()
+    assert buf.retained_bytes == DEFAULT_RESULT_BYTES
+    assert buf.result_output() == (text, truncated)
+    assert buf.read(0) == Chunk(0, decode(output[:RESULT_HEAD_BYTES]), RESULT_HEAD_BYTES)
+
+
+def test_two_hundred_megabytes_append_fast_in_bounded_memory() -> None:
+    piece = bytes(range(256)) * 256  # 64 KiB
+    buf = OutputBuffer()
+    started = time.perf_counter()
+    for _ in range(3200):
+        buf.append(piece)
+        assert buf.storage_bytes <= 2 * DEFAULT_RETENTION_BYTES
+    elapsed = time.perf_counter() - started
+    assert buf.total == 3200 * len(piece)
+    assert buf.retained_bytes == DEFAULT_RETENTION_BYTES
+    assert elapsed < 2.0  # amortised O(1) per byte: about 0.1 s; quadratic would take minutes
+
+
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_character_split_across_appends_is_never_mangled(char: str) -> None:
+    encoded = char.encode()
+    for cut in range(1, len(encoded)):
+        buf = OutputBuffer()
+        buf.append(b"ab" + encoded[:cut])
+        first = buf.read(0)
+        assert first == Chunk(0, "ab", 2)
+        assert buf.read(2) is None  # the incomplete character is held back, not replaced
+        buf.append(encoded[cut:] + b"cd")
+        assert buf.read(first.next_offset) == Chunk(2, char + "cd", 4 + len(encoded))
+        assert buf.result_output() == ("ab" + char + "cd", 0)
+
+
+def test_incomplete_character_at_close_decodes_as_replacement() -> None:
+    buf = OutputBuffer()
+    buf.append(b"ok \xe2\x82")
+    assert buf.read(0) == Chunk(0, "ok ", 3)
+    assert buf.read(3) is None
+    buf.close()
+    assert buf.read(3) == Chunk(3, "\ufffd", 5)
+    assert buf.read(5) is None
+    assert buf.result_output() == ("ok \ufffd", 0)
+
+
+def test_tiny_max_bytes_still_progresses() -> None:
+    text = "a😀€é" * 3
+    buf = OutputBuffer()
+    buf.append(text.encode())
+    for max_bytes in (1, 2, 3):
+        chunks: list[Chunk] = []
+        cursor = drain(buf, 0, max_bytes, chunks)
+        assert cursor == len(text.encode())
+        assert "".join(c.data for c in chunks) == text
+        assert all(len(c.data) == 1 or c.next_offset - c.offset <= max_bytes for c in chunks)
+
+
+def test_read_from_dropped_offset_resumes_at_first_retained_byte() -> None:
+    buf = SMALL.buffer()
+    buf.append(b"".join(b"%02d" % n for n in range(50)))  # 100 ASCII bytes
+    assert buf.retained_ranges() == ((0, 16), (52, 100))
+    assert buf.dropped_bytes == 36
+    for offset in (16, 30, 51, 52):
+        assert buf.read(offset, 8) == Chunk(52, "26272829", 60)
+    assert buf.read(15, 8) == Chunk(15, "7", 16)  # stops at the gap; the caller calls again
+    assert buf.read(100) is None
+    assert buf.read(1000) is None
+
+
+def test_read_skips_orphaned_continuation_bytes_after_gap() -> None:
+    buf = SMALL.buffer()
+    # 16-byte head, then "€" characters: the tail range (last 48 bytes) starts mid-character.
+    buf.append(b"h" * 16 + "€".encode() * 30)
+    (_, head_end), (tail_start, total) = buf.retained_ranges()
+    assert (head_end, total) == (16, 106)
+    assert tail_start == 58 and (tail_start - 16) % 3 == 0  # 58 is a lead byte here
+    buf.append(b"x")  # now the tail starts at 59: inside a "€"
+    chunk = buf.read(17)
+    assert chunk is not None
+    assert chunk.offset == 61  # 59 and 60 are the rest of a "€" whose first byte was dropped
+    assert chunk.data == "€" * 15 + "x"
+    text, truncated = buf.result_output()
+    assert text == "h" * 8 + f"\n[... {truncated} bytes omitted ...]\n" + "€" * 7 + "x"
+    assert truncated == 107 - 8 - 22
+
+
+def test_empty_append_is_a_no_op_and_empty_buffer_reads_nothing() -> None:
+    buf = OutputBuffer()
+    buf.append(b"")
+    assert (buf.total, buf.retained_bytes, buf.dropped_bytes) == (0, 0, 0)
+    assert buf.read(0) is None
+    assert buf.result_output() == ("", 0)
+    buf.close()
+    assert buf.closed
+    assert buf.read(0) is None
+    assert buf.result_output() == ("", 0)
+
+
+def test_defaults_are_the_protocol_limits() -> None:
+    assert DEFAULT_RETENTION_BYTES == 1024 * 1024
+    assert RUNNING_HEAD_BYTES == 64 * 1024
+    assert DEFAULT_RESULT_BYTES == 64 * 1024
+    assert RESULT_HEAD_BYTES == 16 * 1024
+    assert OMITTED_MARKER.format(n=7) == "[... 7 bytes omitted ...]"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"retention_bytes": -1}, "retention_bytes"),
+        ({"head_bytes": -1}, "head_bytes"),
+        ({"result_bytes": -1, "result_head_bytes": 0}, "result_bytes"),
+        ({"result_head_bytes": -1}, "result_head_bytes"),
+        ({"retention_bytes": 10, "head_bytes": 11}, "head_bytes"),
+        ({"result_bytes": 10, "result_head_bytes": 11}, "result_head_bytes"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs: dict[str, int], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        OutputBuffer(**kwargs)
+
+
+def test_bad_read_arguments() -> None:
+    buf = OutputBuffer()
+    buf.append(b"abc")
+    with pytest.raises(ValueError, match="max_bytes"):
+        buf.read(0, 0)
+    with pytest.raises(ValueError, match="offset"):
+        buf.read(-1)
+    with pytest.raises(ValueError, match="offset"):
+        buf.first_retained(-1)

@@ -1,0 +1,105 @@
+"""A stream whose writes never block: they go to a buffer that one flusher task drains.
+
+Why: trio-websocket serialises every frame through one send lock, and its reader answers a ping
+by taking that lock. When both peers send bulk data and ping each other, each side's sender holds
+the lock while blocked on a full socket, each side's reader waits for the lock to send its pong,
+so neither side reads, and both stall forever (trio-websocket 0.12.2; the asyncio `websockets`
+client pings every 20 s by default). Under this wrapper `send_all` only appends, so the lock is
+never held across a blocking socket write and our reader always keeps reading. Backpressure moves
+up to the one place that produces bulk data: the connection's sender awaits `wait_writable()`
+before it takes more events.
+
+A bonus: every frame queued while a write is in flight leaves in the next single `send` syscall.
+Per-message syscalls, not the codec, dominate the cost of small messages, so this coalescing is
+what lets many small messages per second through one connection.
+"""
+
+from __future__ import annotations
+
+import trio
+
+# A single write hands at most this much to the kernel, so one huge backlog does not turn into
+# one huge copy; 256 KiB is several socket buffers' worth on loopback and LAN.
+MAX_WRITE_BYTES = 256 * 1024
+
+
+class WriteBufferedStream(trio.abc.Stream):
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self._buffer = bytearray()
+        self._flushing = False
+        self._data_ready = trio.Event()
+        self._space = trio.Event()
+        self._closed = False
+        self._broken: BaseException | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._broken is not None:
+            raise trio.BrokenResourceError("the connection is broken") from self._broken
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is closed")
+        if not self._flushing:
+            # Before the flusher runs (the handshake), write straight through.
+            await self.inner.send_all(data)
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._buffer += data
+        self._data_ready.set()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.wait_writable(0)
+
+    async def wait_writable(self, limit: int) -> None:
+        """Wait until at most `limit` bytes are buffered (raises once the stream broke)."""
+        while len(self._buffer) > limit:
+            if self._broken is not None:
+                raise trio.BrokenResourceError("the connection is broken") from self._broken
+            if self._closed and not self._flushing:
+                raise trio.ClosedResourceError("the stream is closed")
+            await self._space.wait()
+        if self._broken is not None:
+            raise trio.BrokenResourceError("the connection is broken") from self._broken
+
+    async def flusher(self) -> None:
+        """Drain the buffer into the inner stream until closed. Run it in the connection's
+        nursery; it ends (without raising) when the stream closes or breaks."""
+        self._flushing = True
+        try:
+            while True:
+                if not self._buffer:
+                    if self._closed:
+                        return
+                    await self._data_ready.wait()
+                    self._data_ready = trio.Event()
+                    continue
+                chunk = bytes(self._buffer[:MAX_WRITE_BYTES])
+                del self._buffer[: len(chunk)]
+                await self.inner.send_all(chunk)
+                self._space.set()
+                self._space = trio.Event()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._broken = exc
+            self._buffer.clear()
+        finally:
+            self._flushing = False
+            self._space.set()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        """Flush what is buffered (a close frame, usually), then close the inner stream."""
+        self._closed = True
+        self._data_ready.set()
+        try:
+            while self._buffer and self._flushing and self._broken is None:
+                await self._space.wait()
+        finally:
+            if self._broken is not None:
+                await trio.aclose_forcefully(self.inner)
+            else:
+                await self.inner.aclose()

@@ -1,0 +1,122 @@
+"""Encoders and decoders for both wire encodings, the subprotocol names, and the JSON Schema.
+
+JSON travels in text frames (`toolwire.v1.json`), MessagePack in binary frames
+(`toolwire.v1.msgpack`). One `Codec` per connection holds msgspec's reusable encoder and decoder
+objects, which are several times faster than the module-level functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+from transport import protocol
+
+SUBPROTOCOL_JSON: Final = "toolwire.v1.json"
+SUBPROTOCOL_MSGPACK: Final = "toolwire.v1.msgpack"
+SUBPROTOCOLS: Final = {SUBPROTOCOL_JSON: "json", SUBPROTOCOL_MSGPACK: "msgpack"}
+
+Encoding = Literal["json", "msgpack"]
+
+
+class MessageError(Exception):
+    """An undecodable or invalid message. `message` names the field path when msgspec knows it;
+    `envelope` holds whatever of `rid`, `chat_id`, `call_id` could still be read, so the error
+    reply can be matched to its request."""
+
+    def __init__(self, message: str, envelope: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.envelope = envelope
+
+
+class _Envelope(msgspec.Struct):
+    # Everything typed `Any` so that this lenient second pass never fails on a bad field.
+    rid: Any = None
+    chat_id: Any = None
+    call_id: Any = None
+
+
+def choose_subprotocol(offered: list[str]) -> str | None:
+    """The first offered subprotocol we support, else None (PROTOCOL.md 1)."""
+    for name in offered:
+        if name in SUBPROTOCOLS:
+            return name
+    return None
+
+
+class Codec:
+    """Encode agent->client messages and decode client->agent messages (or the reverse, for the
+    client side: `Codec(encoding, side="client")`)."""
+
+    def __init__(self, encoding: Encoding, side: Literal["agent", "client"] = "agent") -> None:
+        self.encoding: Encoding = encoding
+        incoming: Any = protocol.ClientMessage if side == "agent" else protocol.AgentMessage
+        self._json_envelope = msgspec.json.Decoder(_Envelope)
+        self._msgpack_envelope = msgspec.msgpack.Decoder(_Envelope)
+        self._json_decoder = msgspec.json.Decoder(incoming)
+        self._msgpack_decoder = msgspec.msgpack.Decoder(incoming)
+        self._encoder: msgspec.json.Encoder | msgspec.msgpack.Encoder = (
+            msgspec.json.Encoder() if encoding == "json" else msgspec.msgpack.Encoder()
+        )
+
+    def encode(self, message: msgspec.Struct) -> str | bytes:
+        """One protocol message as one WebSocket message: str for JSON, bytes for msgpack."""
+        data = self._encoder.encode(message)
+        if self.encoding == "json":
+            # msgspec emits UTF-8 bytes; a text frame needs str. Decoding valid UTF-8 is cheap.
+            return data.decode()
+        return data
+
+    def decode(self, frame: str | bytes) -> Any:
+        """Decode one WebSocket message into a protocol Struct, or raise MessageError."""
+        try:
+            if self.encoding == "json":
+                if not isinstance(frame, str):
+                    raise MessageError("toolwire.v1.json takes text frames, not binary ones", {})
+                return self._json_decoder.decode(frame)
+            if not isinstance(frame, bytes):
+                raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
+            return self._msgpack_decoder.decode(frame)
+        except msgspec.DecodeError as exc:
+            raise MessageError(str(exc), self._envelope(frame)) from None
+
+    def _envelope(self, frame: str | bytes) -> dict[str, Any]:
+        try:
+            if isinstance(frame, str):
+                env = self._json_envelope.decode(frame)
+            else:
+                env = self._msgpack_envelope.decode(frame)
+        except msgspec.DecodeError:
+            return {}
+        found: dict[str, Any] = {}
+        if isinstance(env.rid, str | int) and not isinstance(env.rid, bool):
+            found["rid"] = env.rid
+        for name in ("chat_id", "call_id"):
+            value = getattr(env, name)
+            if isinstance(value, str):
+                found[name] = value
+        return found
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of both directions, as `toolwire schema` prints it."""
+    (client_schema, agent_schema), components = msgspec.json.schema_components(
+        [protocol.ClientMessage, protocol.AgentMessage], ref_template="#/$defs/{name}"
+    )
+    components["ClientToAgent"] = {
+        "description": "A message a client sends to the agent.",
+        **client_schema,
+    }
+    components["AgentToClient"] = {
+        "description": "A message the agent sends to a client.",
+        **agent_schema,
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "toolwire wire protocol v1",
+        "description": "One WebSocket message carries one object with a `type` field.",
+        "oneOf": [{"$ref": "#/$defs/ClientToAgent"}, {"$ref": "#/$defs/AgentToClient"}],
+        "$defs": components,
+    }

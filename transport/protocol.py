@@ -1,0 +1,279 @@
+"""Every message of the toolwire wire protocol v1 (PROTOCOL.md) as msgspec Structs.
+
+Client->agent and agent->client messages are two separate tagged unions on `type`, so a decoder
+for one direction never accepts a message of the other. Unknown fields are ignored (forward
+compatibility); a field of the wrong type fails decoding with msgspec's message, which names the
+field path (`... - at `$.call_id``), and the server answers `bad_message` with it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# PROTOCOL.md 2: chat ids are 0..128 chars ("" is the chat-less namespace); call and turn ids are
+# 1..200 printable chars. Control characters are refused because ids end up in logs and paths.
+ChatId = Annotated[str, msgspec.Meta(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+CallId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+TurnId = CallId
+Rid = str | int | None
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+
+Outcome = Literal["completed", "failed", "timed_out", "canceled", "not_run", "denied", "unknown"]
+CallState = Literal["awaiting_approval", "running", "done"]
+Decision = Literal["approved", "denied", "canceled", "expired"]
+ErrorCode = Literal[
+    "bad_message",
+    "unknown_tool",
+    "bad_args",
+    "conflict",
+    "unknown_call",
+    "not_parked",
+    "over_limit",
+    "internal",
+]
+
+
+class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    rid: Rid = None
+
+
+class _AgentMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Client -> agent (PROTOCOL.md 3)
+
+
+class Call(_ClientMessage, tag="call"):
+    chat_id: ChatId
+    call_id: CallId
+    tool: str
+    args: dict[str, Any]
+    timeout_ms: NonNegativeInt | None = None
+    background: bool = False
+    approval: bool = False
+    stream: bool = True
+
+
+class Attach(_ClientMessage, tag="attach"):
+    chat_id: ChatId
+    call_id: CallId
+    from_offset: NonNegativeInt = 0
+
+
+class Detach(_ClientMessage, tag="detach"):
+    chat_id: ChatId
+    call_id: CallId
+
+
+class Cancel(_ClientMessage, tag="cancel"):
+    chat_id: ChatId
+    call_ids: list[CallId]
+
+
+class Approve(_ClientMessage, tag="approve"):
+    chat_id: ChatId
+    call_id: CallId
+    approved: bool
+    reason: str | None = None
+
+
+class CallSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One call of a `turn`. `args` is not checked here: malformed args make a planner barrier
+    and the call then fails on its own (PROTOCOL.md 5.6), so one bad call never rejects a turn."""
+
+    call_id: CallId
+    tool: str
+    args: Any
+    timeout_ms: NonNegativeInt | None = None
+    background: bool = False
+    approval: bool = False
+
+
+class Turn(_ClientMessage, tag="turn"):
+    chat_id: ChatId
+    turn_id: TurnId
+    calls: list[CallSpec]
+    stream: bool = True
+
+
+class Interrupt(_ClientMessage, tag="interrupt"):
+    chat_id: ChatId
+    turn_id: TurnId | None = None
+
+
+ClientMessage = Call | Attach | Detach | Cancel | Approve | Turn | Interrupt
+CLIENT_MESSAGE_TYPES: tuple[type[_ClientMessage], ...] = (
+    Call,
+    Attach,
+    Detach,
+    Cancel,
+    Approve,
+    Turn,
+    Interrupt,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent -> client (PROTOCOL.md 4)
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    max_message_bytes: int
+    output_retention_bytes: int
+    result_output_bytes: int
+    max_wait_ms: int
+    forget_after_s: int
+    exited_retention_s: int
+    max_processes_per_chat: int
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """The Result object of PROTOCOL.md 4. Null fields are sent as null, never omitted."""
+
+    tool: str
+    outcome: Outcome
+    text: str
+    data: dict[str, Any] | None
+    output: str
+    output_bytes: int
+    truncated_bytes: int
+    timed_out: bool
+    canceled: bool
+    started_at: int | None
+    finished_at: int | None
+    wall_ms: int | None
+
+
+class Welcome(_AgentMessage, tag="welcome"):
+    protocol: int
+    agent_id: str
+    boot_id: str
+    encoding: Literal["json", "msgpack"]
+    tools: list[str]
+    limits: Limits
+
+
+class Accepted(_AgentMessage, tag="accepted"):
+    chat_id: str
+    call_id: str
+    replay: bool
+    state: CallState
+    requests: int
+    rid: Rid = None
+
+
+class Approval(_AgentMessage, tag="approval"):
+    chat_id: str
+    call_id: str
+    tool: str
+    args: Any
+    turn_id: str | None = None
+
+
+class ApprovalResolved(_AgentMessage, tag="approval_resolved"):
+    chat_id: str
+    call_id: str
+    decision: Decision
+
+
+class Started(_AgentMessage, tag="started"):
+    chat_id: str
+    call_id: str
+    started_at: int
+    pid: int | None = None
+
+
+class Output(_AgentMessage, tag="output"):
+    chat_id: str
+    call_id: str
+    offset: int
+    data: str
+
+
+class ResultMessage(_AgentMessage, tag="result"):
+    chat_id: str
+    call_id: str
+    tool: str
+    outcome: Outcome
+    text: str
+    data: dict[str, Any] | None
+    output: str
+    output_bytes: int
+    truncated_bytes: int
+    timed_out: bool
+    canceled: bool
+    started_at: int | None
+    finished_at: int | None
+    wall_ms: int | None
+
+
+class CancelResult(_AgentMessage, tag="cancel_result"):
+    chat_id: str
+    call_id: str
+    received: bool
+    result: Result
+    rid: Rid = None
+
+
+class TurnPlan(_AgentMessage, tag="turn_plan"):
+    chat_id: str
+    turn_id: str
+    segments: list[list[str]]
+    rid: Rid = None
+
+
+class TurnResult(_AgentMessage, tag="turn_result"):
+    chat_id: str
+    turn_id: str
+    results: list[Result]
+
+
+class Interrupted(_AgentMessage, tag="interrupted"):
+    chat_id: str
+    call_ids: list[str]
+    turn_id: str | None = None
+    rid: Rid = None
+
+
+class Error(_AgentMessage, tag="error"):
+    code: ErrorCode
+    message: str
+    rid: Rid = None
+    chat_id: str | None = None
+    call_id: str | None = None
+
+
+AgentMessage = (
+    Welcome
+    | Accepted
+    | Approval
+    | ApprovalResolved
+    | Started
+    | Output
+    | ResultMessage
+    | CancelResult
+    | TurnPlan
+    | TurnResult
+    | Interrupted
+    | Error
+)
+AGENT_MESSAGE_TYPES: tuple[type[_AgentMessage], ...] = (
+    Welcome,
+    Accepted,
+    Approval,
+    ApprovalResolved,
+    Started,
+    Output,
+    ResultMessage,
+    CancelResult,
+    TurnPlan,
+    TurnResult,
+    Interrupted,
+    Error,
+)

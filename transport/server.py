@@ -1,0 +1,422 @@
+"""The WebSocket server: handshake, auth, one session per connection, keepalive, shutdown.
+
+This is the only module of `transport` that knows `actors`: it hands decoded requests to the
+`Agent` and maps the actors' events to wire messages (DESIGN.md, dependency direction).
+
+Per connection: a reader task decodes each message and applies it to the agent synchronously;
+a sender task drains the connection's outbox (pulling output from per-call cursors), encodes,
+and writes; a keepalive task pings. Closing a connection never stops, cancels or loses a call.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    wrap_server_stream,
+)
+
+from actors import events
+from actors.agent import Agent
+from actors.chat import CallSpec
+from actors.outbox import Outbox
+from actors.results import Result, ToolwireError
+from transport import protocol
+from transport.buffered import WriteBufferedStream
+from transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
+
+log = logging.getLogger("toolwire.server")
+
+WS_PATH = "/v1"
+# Keepalive: a ping every 20 s (the interval asyncio `websockets` and browsers' proxies expect),
+# and a connection whose pong is missing for two intervals is closed (PROTOCOL.md 1).
+PING_INTERVAL_S = 20.0
+# A client has this long to finish the HTTP upgrade; slowloris connections are dropped.
+HANDSHAKE_TIMEOUT_S = 10.0
+# Messages trio-websocket may queue between its reader and ours. Our reader never blocks on the
+# agent (every request is applied synchronously), so a small queue suffices; it must be > 1 so a
+# briefly busy reader does not stop trio-websocket from answering pings (a known hazard).
+MESSAGE_QUEUE_SIZE = 64
+# Bytes per socket read: 64 KiB roughly doubles large-message throughput over the 4 KiB default.
+RECEIVE_BUFFER_BYTES = 64 * 1024
+# The sender stops taking events while more than this is waiting for the socket, so a stalled
+# client holds at most this much per connection; its calls' output waits in their buffers.
+SEND_HIGH_WATER_BYTES = 1024 * 1024
+# Events encoded per batch before checking the socket: bounds one batch to a few MiB of output.
+SEND_BATCH_EVENTS = 32
+# Close codes (RFC 6455).
+CLOSE_GOING_AWAY = 1001
+CLOSE_TOO_BIG = 1009
+CLOSE_KEEPALIVE = 1011
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 7411
+    token: str | None = None  # None: no auth (--insecure-no-auth)
+    ssl_context: ssl.SSLContext | None = None
+    ping_interval_s: float = PING_INTERVAL_S
+
+
+class Server:
+    def __init__(self, agent: Agent, config: ServerConfig) -> None:
+        self.agent = agent
+        self.config = config
+        self.port: int | None = None
+        self._sessions: set[Session] = set()
+        self._listen_scope: trio.CancelScope | None = None
+        self._connections: trio.Nursery | None = None
+        self._closing = False
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until shutdown() or cancellation; reports the bound port through `start`."""
+        async with trio.open_nursery() as connections:
+            self._connections = connections
+            with trio.CancelScope() as listen_scope:
+                self._listen_scope = listen_scope
+                listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+                self.port = listeners[0].socket.getsockname()[1]
+                task_status.started(self.port)
+                await trio.serve_listeners(self._handle, listeners, handler_nursery=connections)
+
+    async def shutdown(self, grace_s: float = 1.5) -> None:
+        """Stop accepting, close every connection with 1001, end running process groups."""
+        self._closing = True
+        if self._listen_scope is not None:
+            self._listen_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            for session in list(self._sessions):
+                nursery.start_soon(session.close, CLOSE_GOING_AWAY, "agent shutting down")
+            nursery.start_soon(self.agent.stop_processes, grace_s)
+        if self._connections is not None:
+            self._connections.cancel_scope.cancel()
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        if self.config.ssl_context is not None:
+            stream = trio.SSLStream(stream, self.config.ssl_context, server_side=True)
+        buffered = WriteBufferedStream(stream)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(buffered.flusher)
+                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                    request = await wrap_server_stream(
+                        nursery,
+                        buffered,
+                        message_queue_size=MESSAGE_QUEUE_SIZE,
+                        max_message_size=self.agent.ctx.limits.max_message_bytes,
+                        receive_buffer_size=RECEIVE_BUFFER_BYTES,
+                    )
+                    ws = await self._handshake(request)
+                    if ws is not None:
+                        session = Session(self, ws, buffered)
+                        self._sessions.add(session)
+                        try:
+                            await session.run()
+                        finally:
+                            self._sessions.discard(session)
+                nursery.cancel_scope.cancel()
+        except* (
+            ConnectionClosed,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            ssl.SSLError,
+        ):
+            pass  # the peer vanished mid-handshake or mid-close: nothing of ours is lost
+        finally:
+            await trio.aclose_forcefully(buffered)
+
+    async def _handshake(self, request: WebSocketRequest) -> WebSocketConnection | None:
+        path = request.path.split("?", 1)[0]
+        if path != WS_PATH:
+            await request.reject(404, body=f"no such path; use {WS_PATH}\n".encode())
+            return None
+        if self._closing:
+            await request.reject(503, body=b"agent shutting down\n")
+            return None
+        if self.config.token is not None and not self._authorized(request.headers):
+            await request.reject(
+                401,
+                extra_headers=[(b"WWW-Authenticate", b"Bearer")],
+                body=b"missing or wrong bearer token\n",
+            )
+            return None
+        offered = list(request.proposed_subprotocols)
+        chosen = choose_subprotocol(offered)
+        if offered and chosen is None:
+            body = f"unsupported subprotocols; this agent speaks {', '.join(SUBPROTOCOLS)}\n"
+            await request.reject(400, body=body.encode())
+            return None
+        return await request.accept(subprotocol=chosen)
+
+    def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        assert self.config.token is not None
+        expected = b"Bearer " + self.config.token.encode()
+        for name, value in headers:
+            if name.lower() == b"authorization":
+                # Constant time, so the token cannot be guessed byte by byte from timings.
+                return hmac.compare_digest(value.strip(), expected)
+        return False
+
+
+class Session:
+    """One connection: its outbox, its reader, sender and keepalive tasks."""
+
+    _next_id = 0
+
+    def __init__(self, server: Server, ws: WebSocketConnection, stream: WriteBufferedStream):
+        Session._next_id += 1
+        self.id = Session._next_id
+        self.server = server
+        self.agent = server.agent
+        self.ws = ws
+        self.stream = stream
+        encoding = SUBPROTOCOLS.get(ws.subprotocol or "", "json")
+        self.codec = Codec("msgpack" if encoding == "msgpack" else "json")
+        self.outbox = Outbox(f"conn-{self.id}")
+        self.max_bytes = self.agent.ctx.limits.max_message_bytes
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            protocol.Call: self._on_call,
+            protocol.Attach: self._on_attach,
+            protocol.Detach: self._on_detach,
+            protocol.Cancel: self._on_cancel,
+            protocol.Approve: self._on_approve,
+            protocol.Turn: self._on_turn,
+            protocol.Interrupt: self._on_interrupt,
+        }
+
+    async def run(self) -> None:
+        limits = self.agent.ctx.limits.as_dict()
+        welcome = protocol.Welcome(
+            protocol=protocol.PROTOCOL_VERSION,
+            agent_id=self.agent.agent_id,
+            boot_id=self.agent.boot_id,
+            encoding=self.codec.encoding,
+            tools=self.agent.tools,
+            limits=protocol.Limits(**limits),
+        )
+        try:
+            await self.ws.send_message(self.codec.encode(welcome))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reader, nursery.cancel_scope)
+                nursery.start_soon(self._sender)
+                nursery.start_soon(self._keepalive)
+        except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.outbox.close()
+            log.debug("connection %s closed", self.id)
+
+    async def close(self, code: int, reason: str) -> None:
+        with trio.move_on_after(1.0):
+            await self.ws.aclose(code, reason)
+
+    async def _reader(self, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                frame = await self.ws.get_message()
+                # trio-websocket counts characters; the limit is in bytes (PROTOCOL.md 1). A text
+                # message can only exceed it in bytes if it is over a quarter of it in chars.
+                if (
+                    isinstance(frame, str)
+                    and len(frame) * 4 > self.max_bytes
+                    and len(frame.encode()) > self.max_bytes
+                ):
+                    await self.ws.aclose(CLOSE_TOO_BIG, "message too big")
+                    break
+                self._dispatch(frame)
+        except ConnectionClosed:
+            pass
+        scope.cancel()
+
+    def _dispatch(self, frame: str | bytes) -> None:
+        try:
+            message = self.codec.decode(frame)
+        except MessageError as exc:
+            self.outbox.put(events.ErrorEvent("bad_message", exc.message, **exc.envelope))
+            return
+        rid = message.rid
+        chat_id = getattr(message, "chat_id", None)
+        call_id = getattr(message, "call_id", None)
+        try:
+            self._handlers[type(message)](message)
+        except ToolwireError as exc:
+            self.outbox.put(events.ErrorEvent(exc.code, exc.message, rid, chat_id, call_id))
+        except Exception:
+            log.exception("request failed inside the agent", extra={"chat_id": chat_id})
+            self.outbox.put(
+                events.ErrorEvent(
+                    "internal", "the agent failed to handle this request", rid, chat_id, call_id
+                )
+            )
+
+    def _on_call(self, m: protocol.Call) -> None:
+        spec = CallSpec(m.call_id, m.tool, m.args, m.timeout_ms, m.background, m.approval)
+        self.agent.call(self.outbox, m.chat_id, spec, stream=m.stream, rid=m.rid)
+
+    def _on_attach(self, m: protocol.Attach) -> None:
+        self.agent.attach(self.outbox, m.chat_id, m.call_id, m.from_offset, m.rid)
+
+    def _on_detach(self, m: protocol.Detach) -> None:
+        self.agent.detach(self.outbox, m.chat_id, m.call_id)
+
+    def _on_cancel(self, m: protocol.Cancel) -> None:
+        self.agent.cancel(self.outbox, m.chat_id, m.call_ids, m.rid)
+
+    def _on_approve(self, m: protocol.Approve) -> None:
+        self.agent.approve(self.outbox, m.chat_id, m.call_id, m.approved, m.rid)
+
+    def _on_turn(self, m: protocol.Turn) -> None:
+        specs = [
+            CallSpec(c.call_id, c.tool, c.args, c.timeout_ms, c.background, c.approval)
+            for c in m.calls
+        ]
+        self.agent.turn(self.outbox, m.chat_id, m.turn_id, specs, stream=m.stream, rid=m.rid)
+
+    def _on_interrupt(self, m: protocol.Interrupt) -> None:
+        self.agent.interrupt(self.outbox, m.chat_id, m.turn_id, m.rid)
+
+    async def _sender(self) -> None:
+        outbox = self.outbox
+        encode = self.codec.encode
+        send = self.ws.send_message
+        while True:
+            await outbox.wait()
+            if outbox.closed:
+                return
+            for event in outbox.take(SEND_BATCH_EVENTS):
+                await send(encode(to_wire(event)))
+            # Backpressure: a client that does not read stops us here, not its calls.
+            await self.stream.wait_writable(SEND_HIGH_WATER_BYTES)
+
+    async def _keepalive(self) -> None:
+        interval = self.server.config.ping_interval_s
+        while True:
+            await trio.sleep(interval)
+            with trio.move_on_after(2 * interval) as scope:
+                await self.ws.ping()
+            if scope.cancelled_caught:
+                log.info("connection %s missed two pongs; closing it", self.id)
+                await self.close(CLOSE_KEEPALIVE, "keepalive timeout")
+                return
+
+
+# ---------------------------------------------------------------------------------------------
+# Domain events -> wire messages
+
+
+def wire_result(result: Result) -> protocol.Result:
+    return protocol.Result(
+        tool=result.tool,
+        outcome=result.outcome.value,
+        text=result.text,
+        data=result.data,
+        output=result.output,
+        output_bytes=result.output_bytes,
+        truncated_bytes=result.truncated_bytes,
+        timed_out=result.timed_out,
+        canceled=result.canceled,
+        started_at=result.started_at,
+        finished_at=result.finished_at,
+        wall_ms=result.wall_ms,
+    )
+
+
+def to_wire(event: events.Event) -> Any:
+    """One domain event as one wire message Struct."""
+    match event:
+        case events.OutputEvent():
+            return protocol.Output(
+                chat_id=event.chat_id, call_id=event.call_id, offset=event.offset, data=event.data
+            )
+        case events.ResultEvent():
+            r = event.result
+            return protocol.ResultMessage(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                tool=r.tool,
+                outcome=r.outcome.value,
+                text=r.text,
+                data=r.data,
+                output=r.output,
+                output_bytes=r.output_bytes,
+                truncated_bytes=r.truncated_bytes,
+                timed_out=r.timed_out,
+                canceled=r.canceled,
+                started_at=r.started_at,
+                finished_at=r.finished_at,
+                wall_ms=r.wall_ms,
+            )
+        case events.AcceptedEvent():
+            return protocol.Accepted(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                replay=event.replay,
+                state=event.state,  # type: ignore[arg-type]
+                requests=event.requests,
+                rid=event.rid,
+            )
+        case events.StartedEvent():
+            return protocol.Started(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                started_at=event.started_at,
+                pid=event.pid,
+            )
+        case events.ApprovalEvent():
+            return protocol.Approval(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                tool=event.tool,
+                args=event.args,
+                turn_id=event.turn_id,
+            )
+        case events.ApprovalResolvedEvent():
+            return protocol.ApprovalResolved(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                decision=event.decision,  # type: ignore[arg-type]
+            )
+        case events.CancelResultEvent():
+            return protocol.CancelResult(
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+                received=event.received,
+                result=wire_result(event.result),
+                rid=event.rid,
+            )
+        case events.TurnPlanEvent():
+            return protocol.TurnPlan(
+                chat_id=event.chat_id,
+                turn_id=event.turn_id,
+                segments=event.segments,
+                rid=event.rid,
+            )
+        case events.TurnResultEvent():
+            return protocol.TurnResult(
+                chat_id=event.chat_id,
+                turn_id=event.turn_id,
+                results=[wire_result(r) for r in event.results],
+            )
+        case events.InterruptedEvent():
+            return protocol.Interrupted(
+                chat_id=event.chat_id, turn_id=event.turn_id, call_ids=event.call_ids, rid=event.rid
+            )
+        case events.ErrorEvent():
+            return protocol.Error(
+                code=event.code,  # type: ignore[arg-type]
+                message=event.message,
+                rid=event.rid,
+                chat_id=event.chat_id,
+                call_id=event.call_id,
+            )
+    raise TypeError(f"no wire message for {type(event).__name__}")
