@@ -53,6 +53,8 @@ RECEIVE_BUFFER_BYTES = 64 * 1024
 SEND_HIGH_WATER_BYTES = 1024 * 1024
 # Events encoded per batch before checking the socket: bounds one batch to a few MiB of output.
 SEND_BATCH_EVENTS = 32
+# How long a closing connection may take to flush its last bytes to a slow peer.
+CLOSE_FLUSH_TIMEOUT_S = 1.0
 # Close codes (RFC 6455).
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
@@ -66,6 +68,8 @@ class ServerConfig:
     token: str | None = None  # None: no auth (--insecure-no-auth)
     ssl_context: ssl.SSLContext | None = None
     ping_interval_s: float = PING_INTERVAL_S
+    # None: two ping intervals ("misses two pongs"). Tests that ping very often set it apart.
+    pong_timeout_s: float | None = None
 
 
 class Server:
@@ -108,6 +112,7 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(buffered.flusher)
+                ws: WebSocketConnection | None = None
                 with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
                     request = await wrap_server_stream(
                         nursery,
@@ -117,13 +122,18 @@ class Server:
                         receive_buffer_size=RECEIVE_BUFFER_BYTES,
                     )
                     ws = await self._handshake(request)
-                    if ws is not None:
-                        session = Session(self, ws, buffered)
-                        self._sessions.add(session)
-                        try:
-                            await session.run()
-                        finally:
-                            self._sessions.discard(session)
+                if ws is not None:
+                    session = Session(self, ws, buffered)
+                    self._sessions.add(session)
+                    try:
+                        await session.run()
+                    finally:
+                        self._sessions.discard(session)
+                        await session.close(1000, "")
+                # Flush what is still buffered (a rejection response, a close frame) before
+                # the flusher is cancelled with the rest of this connection's tasks.
+                with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
+                    await buffered.aclose()
                 nursery.cancel_scope.cancel()
         except* (
             ConnectionClosed,
@@ -217,7 +227,7 @@ class Session:
             log.debug("connection %s closed", self.id)
 
     async def close(self, code: int, reason: str) -> None:
-        with trio.move_on_after(1.0):
+        with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
             await self.ws.aclose(code, reason)
 
     async def _reader(self, scope: trio.CancelScope) -> None:
@@ -299,10 +309,12 @@ class Session:
             await self.stream.wait_writable(SEND_HIGH_WATER_BYTES)
 
     async def _keepalive(self) -> None:
-        interval = self.server.config.ping_interval_s
+        config = self.server.config
+        interval = config.ping_interval_s
+        pong_timeout = config.pong_timeout_s if config.pong_timeout_s is not None else 2 * interval
         while True:
             await trio.sleep(interval)
-            with trio.move_on_after(2 * interval) as scope:
+            with trio.move_on_after(pong_timeout) as scope:
                 await self.ws.ping()
             if scope.cancelled_caught:
                 log.info("connection %s missed two pongs; closing it", self.id)

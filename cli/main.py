@@ -1,0 +1,142 @@
+"""The `toolwire` command: serve, call, schema."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import trio
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolwire",
+        description="A tool-call runtime for AI coding agents: at-most-once tool calls over "
+        "one WebSocket.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the agent and its WebSocket server")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=7411, help="port (default 7411; 0 = any)")
+    serve.add_argument("--workspace", type=Path, default=None, help="default: the current dir")
+    serve.add_argument(
+        "--state-dir", type=Path, default=None, help="token and journal (~/.local/state/toolwire)"
+    )
+    serve.add_argument("--token-file", type=Path, default=None, help="file holding the token")
+    serve.add_argument(
+        "--insecure-no-auth", action="store_true", help="accept clients without a token (DANGER)"
+    )
+    serve.add_argument("--tls-cert", type=Path, default=None)
+    serve.add_argument("--tls-key", type=Path, default=None)
+    serve.add_argument("--log-format", choices=["text", "json"], default="text")
+    serve.add_argument(
+        "--approve",
+        default="",
+        metavar="TOOL,...",
+        help="tools whose calls wait for an approval (e.g. execute,write_file,edit_files)",
+    )
+    serve.add_argument(
+        "--approval-timeout-s",
+        type=float,
+        default=None,
+        help="end a gate left unanswered this long as not_run",
+    )
+
+    call = sub.add_parser("call", help="run one tool call and stream its output")
+    call.add_argument("tool", help="tool name, e.g. execute")
+    call.add_argument("args_json", metavar="ARGS_JSON", help='e.g. \'{"command": "ls -la"}\'')
+    call.add_argument("--url", default="ws://127.0.0.1:7411/v1")
+    call.add_argument("--token", default=None, help="default: TOOLWIRE_TOKEN, else the state dir")
+    call.add_argument("--state-dir", type=Path, default=None)
+    call.add_argument("--chat", default="", help='chat id (default "": no chat)')
+    call.add_argument("--call-id", default=None, help="default: a new UUID")
+    call.add_argument("--timeout-ms", type=int, default=None)
+    call.add_argument("--json", action="store_true", help="print the Result as JSON")
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of the wire protocol")
+    schema.add_argument("--out", type=Path, default=None, help="write to a file instead")
+    schema.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="also rewrite the generated message reference of this Markdown file",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        from cli.logs import setup_logging
+        from cli.serve import ServeOptions, serve
+
+        setup_logging(args.log_format)
+        approve = frozenset(t.strip() for t in args.approve.split(",") if t.strip())
+        unknown = approve - set(_tool_names())
+        if unknown:
+            print(
+                f"toolwire serve: --approve names unknown tools: {sorted(unknown)}", file=sys.stderr
+            )
+            return 2
+        options = ServeOptions(
+            host=args.host,
+            port=args.port,
+            workspace=args.workspace or Path.cwd(),
+            state_dir=args.state_dir,
+            token_file=args.token_file,
+            insecure_no_auth=args.insecure_no_auth,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            approve=approve,
+            approval_timeout_s=args.approval_timeout_s,
+        )
+        trio.run(serve, options)
+        return 0
+    if args.command == "call":
+        from cli.call import parse_args_json, read_token, run_call
+        from cli.serve import default_state_dir
+
+        token = read_token(args.token, args.state_dir or default_state_dir())
+        return trio.run(
+            lambda: run_call(
+                args.url,
+                token,
+                args.chat,
+                args.tool,
+                parse_args_json(args.args_json),
+                call_id=args.call_id,
+                timeout_ms=args.timeout_ms,
+                as_json=args.json,
+            )
+        )
+    if args.command == "schema":
+        text = schema_text()
+        if args.doc is not None:
+            from transport.reference import update
+
+            update(args.doc)
+        if args.out is not None:
+            args.out.write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    raise AssertionError(args.command)
+
+
+def schema_text() -> str:
+    from transport.codec import json_schema
+
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def _tool_names() -> list[str]:
+    from actors.tools.registry import TOOL_NAMES
+
+    return TOOL_NAMES
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""`toolwire serve`: run the agent and its WebSocket server until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import signal
+import ssl
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from actors.agent import Agent, AgentContext
+from transport.server import Server, ServerConfig
+
+log = logging.getLogger("toolwire.serve")
+
+DEFAULT_PORT = 7411
+# SIGTERM must end the agent within 5 s: close connections (1 s at most), end process groups
+# (SIGTERM, then SIGKILL after this grace), and leave time to spare.
+SHUTDOWN_KILL_GRACE_S = 1.5
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    workspace: Path = field(default_factory=Path.cwd)
+    state_dir: Path | None = None
+    token_file: Path | None = None
+    insecure_no_auth: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    approve: frozenset[str] = frozenset()
+    approval_timeout_s: float | None = None
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "toolwire"
+
+
+def resolve_token(options: ServeOptions, state_dir: Path) -> tuple[str | None, str]:
+    """The token and where it came from: --token-file, else TOOLWIRE_TOKEN, else generated."""
+    if options.insecure_no_auth:
+        return None, "disabled (--insecure-no-auth)"
+    if options.token_file is not None:
+        token = options.token_file.read_text().strip()
+        if not token:
+            raise SystemExit(f"toolwire: token file {options.token_file} is empty")
+        return token, f"from {options.token_file}"
+    env_token = os.environ.get("TOOLWIRE_TOKEN", "").strip()
+    if env_token:
+        return env_token, "from TOOLWIRE_TOKEN"
+    path = state_dir / "token"
+    if path.exists():
+        token = path.read_text().strip()
+        if token:
+            return token, f"from {path}"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)
+    return token, f"generated and written to {path}"
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ssl_context(options: ServeOptions) -> ssl.SSLContext | None:
+    if options.tls_cert is None and options.tls_key is None:
+        return None
+    if options.tls_cert is None or options.tls_key is None:
+        raise SystemExit("toolwire: --tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(options.tls_cert, options.tls_key)
+    return context
+
+
+async def serve(options: ServeOptions) -> None:
+    state_dir = options.state_dir or default_state_dir()
+    token, token_source = resolve_token(options, state_dir)
+    tls = ssl_context(options)
+    workspace = options.workspace.resolve()
+    if not workspace.is_dir():
+        raise SystemExit(f"toolwire: workspace {workspace} is not a directory")
+    if token is None:
+        print(
+            "toolwire: WARNING: authentication is DISABLED (--insecure-no-auth); anyone who can "
+            "reach this port can run commands as this user",
+            file=sys.stderr,
+        )
+    if tls is None and not is_loopback(options.host):
+        print(
+            f"toolwire: WARNING: listening on {options.host} without TLS; the token and every "
+            "command travel in clear text. Use --tls-cert/--tls-key or bind 127.0.0.1.",
+            file=sys.stderr,
+        )
+    ctx = AgentContext(
+        workspace=str(workspace),
+        approve_tools=options.approve,
+        approval_timeout_s=options.approval_timeout_s,
+    )
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            agent = await nursery.start(Agent(ctx).run)
+            server = Server(
+                agent,
+                ServerConfig(host=options.host, port=options.port, token=token, ssl_context=tls),
+            )
+            port = await nursery.start(server.serve)
+            scheme = "wss" if tls else "ws"
+            print(f"toolwire: token {token_source}", file=sys.stderr)
+            print(f"toolwire: workspace {workspace}", file=sys.stderr)
+            print(f"toolwire listening on {scheme}://{options.host}:{port}/v1", flush=True)
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                with trio.move_on_after(4.0):
+                    await server.shutdown(SHUTDOWN_KILL_GRACE_S)
+                nursery.cancel_scope.cancel()
+                break

@@ -1,0 +1,60 @@
+"""Shared fixtures: a real agent and WebSocket server on 127.0.0.1 in the test's nursery."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from actors.agent import Agent, AgentContext, Limits
+from tests import wsclient
+from transport.server import Server, ServerConfig
+
+TOKEN = "test-token-0123456789"
+
+# Hypothesis writes its example database under the working directory unless told otherwise.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", "/tmp/toolwire-hypothesis")
+
+
+@dataclass
+class LiveServer:
+    agent: Agent
+    server: Server
+    url: str
+    token: str
+    workspace: Path
+
+    def connect(self, **kwargs: Any) -> AbstractAsyncContextManager[wsclient.RawConn]:
+        return wsclient.connect(self.url, self.token, **kwargs)
+
+
+async def start_server(
+    nursery: trio.Nursery,
+    workspace: Path,
+    *,
+    limits: Limits | None = None,
+    token: str | None = TOKEN,
+    **ctx_kwargs: Any,
+) -> LiveServer:
+    ctx = AgentContext(workspace=str(workspace), **ctx_kwargs)
+    if limits is not None:
+        ctx = replace(ctx, limits=limits)
+    agent = await nursery.start(Agent(ctx).run)
+    server = Server(agent, ServerConfig(host="127.0.0.1", port=0, token=token))
+    port = await nursery.start(server.serve)
+    return LiveServer(agent, server, f"ws://127.0.0.1:{port}/v1", token or "", workspace)
+
+
+@pytest.fixture
+async def live(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveServer]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    server = await start_server(nursery, workspace)
+    yield server
+    await server.agent.stop_processes(0.5)

@@ -1,0 +1,140 @@
+"""Both encodings round-trip every message type (hypothesis over the Struct definitions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transport import protocol
+from transport.codec import Codec, MessageError, choose_subprotocol
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def _strategy(t: mi.Type) -> st.SearchStrategy[Any]:
+    match t:
+        case mi.StrType():
+            return st.text(
+                alphabet=st.characters(blacklist_categories=("Cc", "Cs")),
+                min_size=t.min_length or 0,
+                max_size=min(t.max_length or 40, 40),
+            )
+        case mi.IntType():
+            return st.integers(min_value=t.ge if t.ge is not None else -(2**40), max_value=2**53)
+        case mi.BoolType():
+            return st.booleans()
+        case mi.NoneType():
+            return st.none()
+        case mi.AnyType():
+            return _json_values
+        case mi.LiteralType():
+            return st.sampled_from(t.values)
+        case mi.ListType():
+            return st.lists(_strategy(t.item_type), max_size=3)
+        case mi.DictType():
+            return st.dictionaries(st.text(max_size=8), _json_values, max_size=3)
+        case mi.StructType():
+            return _struct_strategy(t.cls)
+        case mi.UnionType():
+            return st.one_of([_strategy(x) for x in t.types])
+    raise AssertionError(t)
+
+
+def _struct_strategy(cls: type[Any]) -> st.SearchStrategy[Any]:
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    return st.builds(cls, **{f.name: _strategy(f.type) for f in info.fields})
+
+
+client_messages = st.one_of([_struct_strategy(c) for c in protocol.CLIENT_MESSAGE_TYPES])
+agent_messages = st.one_of([_struct_strategy(c) for c in protocol.AGENT_MESSAGE_TYPES])
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@settings(max_examples=300, deadline=None)
+@given(message=client_messages)
+def test_client_messages_round_trip(encoding: str, message: Any) -> None:
+    client = Codec(encoding, side="client")  # type: ignore[arg-type]
+    agent = Codec(encoding, side="agent")  # type: ignore[arg-type]
+    frame = client.encode(message)
+    assert isinstance(frame, str if encoding == "json" else bytes)
+    assert agent.decode(frame) == message
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@settings(max_examples=300, deadline=None)
+@given(message=agent_messages)
+def test_agent_messages_round_trip(encoding: str, message: Any) -> None:
+    agent = Codec(encoding, side="agent")  # type: ignore[arg-type]
+    client = Codec(encoding, side="client")  # type: ignore[arg-type]
+    assert client.decode(agent.encode(message)) == message
+
+
+def test_wrong_type_names_the_field_path_and_keeps_the_rid() -> None:
+    codec = Codec("json")
+    with pytest.raises(MessageError) as info:
+        codec.decode('{"type": "cancel", "rid": 9, "chat_id": "c", "call_ids": ["a", 7]}')
+    assert "$.call_ids[1]" in info.value.message
+    assert info.value.envelope == {"rid": 9, "chat_id": "c"}
+
+
+def test_unknown_fields_are_ignored() -> None:
+    message = Codec("json").decode(
+        '{"type": "detach", "chat_id": "c", "call_id": "x", "from_the_future": [1, 2]}'
+    )
+    assert message == protocol.Detach(chat_id="c", call_id="x")
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "{",
+        "[]",
+        '{"type": "nope"}',
+        '{"chat_id": "c"}',
+        '{"type": "call", "chat_id": "c", "call_id": "", "tool": "t", "args": {}}',
+        '{"type": "call", "chat_id": "c", "call_id": "a\\u0000b", "tool": "t", "args": {}}',
+        '{"type": "call", "chat_id": "c", "call_id": "x", "tool": "t", "args": []}',
+        '{"type": "attach", "chat_id": "c", "call_id": "x", "from_offset": -1}',
+    ],
+)
+def test_invalid_messages_are_refused_with_a_reason(frame: str) -> None:
+    with pytest.raises(MessageError) as info:
+        Codec("json").decode(frame)
+    assert info.value.message
+
+
+def test_a_frame_of_the_wrong_kind_is_refused() -> None:
+    with pytest.raises(MessageError, match="text frames"):
+        Codec("json").decode(b'{"type": "detach"}')
+    with pytest.raises(MessageError, match="binary frames"):
+        Codec("msgpack").decode('{"type": "detach"}')
+
+
+def test_subprotocol_choice_is_the_first_supported_offer() -> None:
+    assert choose_subprotocol(["x", "toolwire.v1.msgpack", "toolwire.v1.json"]) == (
+        "toolwire.v1.msgpack"
+    )
+    assert choose_subprotocol(["toolwire.v2.json"]) is None
+    assert choose_subprotocol([]) is None
+
+
+def test_result_nulls_are_sent_not_omitted() -> None:
+    result = protocol.ResultMessage(
+        chat_id="c", call_id="x", tool="execute", outcome="not_run", text="t", data=None,
+        output="", output_bytes=0, truncated_bytes=0, timed_out=False, canceled=True,
+        started_at=None, finished_at=1, wall_ms=None,
+    )  # fmt: skip
+    decoded = msgspec.json.decode(Codec("json").encode(result))
+    assert decoded["started_at"] is None and decoded["data"] is None and decoded["wall_ms"] is None

@@ -1,0 +1,224 @@
+"""The WebSocket server as an independent client sees it (PROTOCOL.md sections 1, 4, 6)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+
+from actors.agent import Limits
+from tests.conftest import TOKEN, LiveServer, start_server
+from tests.wsclient import connect, is_result
+
+
+async def _rejected(url: str, headers: list[tuple[bytes, bytes]], protos: list[str]) -> int:
+    with pytest.raises(ConnectionRejected) as info:
+        async with open_websocket_url(url, extra_headers=headers, subprotocols=protos):
+            pass
+    return info.value.status_code
+
+
+AUTH = [(b"authorization", f"Bearer {TOKEN}".encode())]
+
+
+async def test_handshake_rejections(live: LiveServer) -> None:
+    base = live.url.rsplit("/", 1)[0]
+    assert await _rejected(live.url, [], ["toolwire.v1.json"]) == 401
+    wrong = [(b"authorization", b"Bearer not-the-token")]
+    assert await _rejected(live.url, wrong, ["toolwire.v1.json"]) == 401
+    assert await _rejected(live.url, [(b"authorization", TOKEN.encode())], []) == 401
+    assert await _rejected(base + "/v2", AUTH, ["toolwire.v1.json"]) == 404
+    assert await _rejected(base + "/", AUTH, []) == 404
+    assert await _rejected(live.url, AUTH, ["toolwire.v2.json", "graphql-ws"]) == 400
+
+
+async def test_no_subprotocol_means_json_and_first_supported_offer_wins(live: LiveServer) -> None:
+    async with connect(live.url, TOKEN, subprotocols=[]) as conn:
+        assert conn.welcome["encoding"] == "json"
+    async with connect(
+        live.url, TOKEN, encoding="msgpack", subprotocols=["x-unknown", "toolwire.v1.msgpack"]
+    ) as conn:
+        assert conn.welcome["encoding"] == "msgpack"
+
+
+async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> None:
+    async with live.connect() as first, live.connect() as second:
+        welcome = first.welcome
+        assert welcome["protocol"] == 1
+        assert welcome["agent_id"]
+        uuid.UUID(welcome["boot_id"])
+        assert second.welcome["boot_id"] == welcome["boot_id"]  # one agent start, one boot id
+        assert welcome["tools"] == [
+            "execute", "process_output", "process_signal", "process_list",
+            "read_file", "write_file", "edit_files", "search_files",
+        ]  # fmt: skip
+        assert welcome["limits"] == {
+            "max_message_bytes": 16 * 1024 * 1024,
+            "output_retention_bytes": 1024 * 1024,
+            "result_output_bytes": 64 * 1024,
+            "max_wait_ms": 300_000,
+            "forget_after_s": 3600,
+            "exited_retention_s": 3600,
+            "max_processes_per_chat": 64,
+        }
+
+
+async def test_requests_sent_before_welcome_is_read_are_accepted(live: LiveServer) -> None:
+    async with open_websocket_url(live.url, extra_headers=AUTH) as ws:
+        await ws.send_message(
+            json.dumps({"type": "call", "chat_id": "", "call_id": "early", "tool": "process_list",
+                        "args": {}, "rid": "r1"})
+        )  # fmt: skip
+        types = [json.loads(await ws.get_message())["type"] for _ in range(3)]
+        assert types == ["welcome", "accepted", "result"]
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+async def test_each_bad_input_gets_a_clear_error_and_the_connection_goes_on(
+    live: LiveServer, encoding: str
+) -> None:
+    async with live.connect(encoding=encoding) as conn:
+        enc = (lambda m: msgspec.msgpack.encode(m)) if encoding == "msgpack" else json.dumps
+        cases: list[tuple[str | bytes, str, str]] = [
+            (b"\xc1" if encoding == "msgpack" else "{not json", "bad_message", ""),
+            (enc({"type": "call", "rid": 5, "chat_id": 3}), "bad_message", "$.chat_id"),
+            (enc({"type": "teleport", "rid": 6}), "bad_message", "$.type"),
+            (
+                enc({"type": "call", "rid": 7, "chat_id": "c", "call_id": "u", "tool": "rm_rf",
+                     "args": {}}),
+                "unknown_tool",
+                "rm_rf",
+            ),
+            (
+                enc({"type": "call", "rid": 8, "chat_id": "c", "call_id": "b", "tool": "execute",
+                     "args": {"command": 5}}),
+                "bad_args",
+                "args.command",
+            ),
+            (
+                enc({"type": "attach", "rid": 9, "chat_id": "c", "call_id": "never"}),
+                "unknown_call",
+                "never",
+            ),
+        ]  # fmt: skip
+        for frame, code, needle in cases:
+            await conn.send_raw(frame)
+            reply = await conn.recv()
+            assert reply["type"] == "error", reply
+            assert reply["code"] == code, reply
+            assert needle in reply["message"], reply
+        rids = [m.get("rid") for m in conn.seen[1:]]
+        assert rids == [None, 5, 6, 7, 8, 9]
+        # Nothing was recorded for the refused calls, and the connection still works.
+        await conn.send({"type": "attach", "chat_id": "c", "call_id": "b", "rid": 10})
+        assert (await conn.recv())["code"] == "unknown_call"
+        result = await conn.call("c", "ok", "execute", {"command": "echo fine"})
+        assert result["output"] == "fine\n"
+
+
+async def test_an_oversized_message_closes_with_1009_and_has_no_effect(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    live = await start_server(nursery, tmp_path, limits=Limits(max_message_bytes=4096))
+    marker = tmp_path / "marker"
+    async with live.connect() as conn:
+        assert conn.welcome["limits"]["max_message_bytes"] == 4096
+        big = {"type": "call", "chat_id": "c", "call_id": "big", "tool": "execute",
+               "args": {"command": f"touch {marker}", "pad": "é" * 3000}}  # fmt: skip
+        await conn.send(big)  # 3000 chars but over 6000 bytes
+        with pytest.raises(ConnectionClosed) as info:
+            await conn.recv()
+        assert info.value.reason.code == 1009
+    async with live.connect() as conn:
+        await conn.send({"type": "attach", "chat_id": "c", "call_id": "big"})
+        assert (await conn.recv())["code"] == "unknown_call"
+    assert not marker.exists()
+
+
+async def test_a_repeated_call_gets_the_saved_result_without_a_second_run(live: LiveServer) -> None:
+    marker = live.workspace / "runs"
+    args = {"command": f"echo run >> {marker}; echo done"}
+    async with live.connect() as a, live.connect(encoding="msgpack") as b:
+        first = await a.call("c", "once", "execute", args)
+        second = await b.call("c", "once", "execute", args)
+        replay = [m for m in b.seen if m["type"] == "accepted"][-1]
+    assert replay["replay"] is True and replay["state"] == "done" and replay["requests"] == 2
+    assert first == second
+    assert marker.read_text() == "run\n"
+
+
+BULK_MESSAGES = 400
+
+
+async def test_bulk_both_ways_with_pings_on_both_sides_does_not_deadlock(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Regression: trio-websocket 0.12.2 deadlocks when both peers ping while both send bulk
+    data (each reader waits for the send lock its own blocked sender holds). The server keeps
+    reading whatever its sender is doing, so every ping gets its pong and all data flows."""
+    live = await start_server(nursery, tmp_path)
+    live.server.config.ping_interval_s = 0.005
+    live.server.config.pong_timeout_s = 60.0
+    output_bytes = 100 * 1024 * 1024
+    pad = "x" * (256 * 1024)
+    async with live.connect() as conn:
+        await conn.send({"type": "call", "chat_id": "c", "call_id": "bulk", "tool": "execute",
+                         "args": {"command": f"head -c {output_bytes} /dev/zero | tr '\\0' 'y'"}})  # fmt: skip
+        errors = 0
+        pongs = 0
+        next_offset = 0
+        result: dict[str, object] | None = None
+
+        async def send_bulk() -> None:
+            for i in range(BULK_MESSAGES):
+                await conn.send({"type": "detach", "chat_id": "c", "call_id": f"n{i}", "pad": pad})
+
+        async def ping_often() -> None:
+            nonlocal pongs
+            while True:
+                await conn.ws.ping()
+                pongs += 1
+                await trio.sleep(0.002)
+
+        # About 1 s with the fix; without it both sides stall forever.
+        with trio.fail_after(30):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(send_bulk)
+                inner.start_soon(ping_often)
+                while errors < BULK_MESSAGES or result is None:
+                    message = await conn.recv()
+                    if message["type"] == "output":
+                        # In offset order; a forward jump is a declared retention jump.
+                        assert message["offset"] >= next_offset
+                        next_offset = message["offset"] + len(message["data"])
+                    elif message["type"] == "error":
+                        assert message["code"] == "unknown_call"
+                        errors += 1
+                    elif message["type"] == "result":
+                        result = message
+                inner.cancel_scope.cancel()
+    assert result is not None and result["output_bytes"] == output_bytes
+    assert next_offset == output_bytes  # the stream reached the end of the output
+    assert pongs > 0
+
+
+async def test_result_arrives_on_every_connection_that_called(live: LiveServer) -> None:
+    async with live.connect() as a, live.connect() as b:
+        args = {"command": "sleep 0.2; echo both"}
+        await a.send(
+            {"type": "call", "chat_id": "c", "call_id": "x", "tool": "execute", "args": args}
+        )
+        assert (await a.recv())["type"] == "accepted"
+        await b.send(
+            {"type": "call", "chat_id": "c", "call_id": "x", "tool": "execute", "args": args}
+        )
+        got_b = await b.recv_until(is_result("x"))
+        got_a = await a.recv_until(is_result("x"))
+        assert got_b[0]["replay"] is True
+        assert got_a[-1] == got_b[-1]
+        assert "".join(m["data"] for m in got_b if m["type"] == "output") == "both\n"

@@ -1,0 +1,90 @@
+"""A deliberately small, independent protocol client for tests: raw trio-websocket + JSON or
+msgpack, speaking only what PROTOCOL.md says (not transport/client.py), the way a third-party
+client author would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+Message = dict[str, Any]
+
+
+class RawConn:
+    def __init__(self, ws: WebSocketConnection, encoding: str) -> None:
+        self.ws = ws
+        self.encoding = encoding
+        self.welcome: Message = {}
+        self.seen: list[Message] = []  # everything received, in order
+
+    async def send(self, message: Message) -> None:
+        if self.encoding == "msgpack":
+            await self.ws.send_message(msgspec.msgpack.encode(message))
+        else:
+            await self.ws.send_message(json.dumps(message))
+
+    async def send_raw(self, frame: str | bytes) -> None:
+        await self.ws.send_message(frame)
+
+    async def recv(self) -> Message:
+        frame = await self.ws.get_message()
+        if isinstance(frame, bytes):
+            message: Message = msgspec.msgpack.decode(frame)
+        else:
+            message = json.loads(frame)
+        self.seen.append(message)
+        return message
+
+    async def recv_until(self, predicate: Callable[[Message], bool]) -> list[Message]:
+        """Receive until a message matches; returns all received, the match last."""
+        got: list[Message] = []
+        while True:
+            message = await self.recv()
+            got.append(message)
+            if predicate(message):
+                return got
+
+    async def call(self, chat_id: str, call_id: str, tool: str, args: Any, **extra: Any) -> Message:
+        await self.send(
+            {"type": "call", "chat_id": chat_id, "call_id": call_id, "tool": tool, "args": args}
+            | extra
+        )
+        got = await self.recv_until(
+            lambda m: m["type"] in ("result", "error") and m.get("call_id") == call_id
+        )
+        return got[-1]
+
+
+def is_result(call_id: str) -> Callable[[Message], bool]:
+    return lambda m: m["type"] == "result" and m["call_id"] == call_id
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    token: str | None,
+    *,
+    encoding: str = "json",
+    subprotocols: list[str] | None = None,
+) -> AsyncIterator[RawConn]:
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    if subprotocols is None:
+        subprotocols = [f"toolwire.v1.{encoding}"]
+    async with open_websocket_url(
+        url, extra_headers=headers, subprotocols=subprotocols, message_queue_size=1024
+    ) as ws:
+        conn = RawConn(ws, encoding)
+        conn.welcome = await conn.recv()
+        assert conn.welcome["type"] == "welcome"
+        try:
+            yield conn
+        finally:
+            # trio-websocket leaves its TCP socket open after some closes; close it ourselves.
+            with trio.move_on_after(1):
+                await ws.aclose()
