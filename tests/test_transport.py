@@ -167,8 +167,11 @@ async def test_bulk_both_ways_with_pings_on_both_sides_does_not_deadlock(
     output_bytes = 100 * 1024 * 1024
     pad = "x" * (256 * 1024)
     async with live.connect() as conn:
-        await conn.send({"type": "call", "chat_id": "c", "call_id": "bulk", "tool": "execute",
-                         "args": {"command": f"head -c {output_bytes} /dev/zero | tr '\\0' 'y'"}})  # fmt: skip
+        command = f"head -c {output_bytes} /dev/zero | tr '\\0' 'y'"
+        await conn.send(
+            {"type": "call", "chat_id": "c", "call_id": "bulk", "tool": "execute",
+             "args": {"command": command}}
+        )  # fmt: skip
         errors = 0
         pongs = 0
         next_offset = 0

@@ -81,8 +81,16 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "agent_id": "toolwire-host1",
         "boot_id": "0b7c3f0e-2c1d-4f57-9d2f-0f6c4f1b9a10",
         "encoding": "json",
-        "tools": ["execute", "process_output", "process_signal", "process_list", "read_file",
-                  "write_file", "edit_files", "search_files"],
+        "tools": [
+            "execute",
+            "process_output",
+            "process_signal",
+            "process_list",
+            "read_file",
+            "write_file",
+            "edit_files",
+            "search_files",
+        ],
         "limits": {
             "max_message_bytes": 16777216,
             "output_retention_bytes": 1048576,
@@ -208,10 +216,7 @@ def _table(cls: type[msgspec.Struct]) -> list[str]:
     if info.tag_field is not None:
         lines.append(f"| `{info.tag_field}` | {json.dumps(info.tag)} | yes |")
     for f in info.fields:
-        if f.required:
-            required = "yes"
-        else:
-            required = f"no (default `{json.dumps(f.default)}`)"
+        required = "yes" if f.required else f"no (default `{json.dumps(f.default)}`)"
         lines.append(f"| `{f.encode_name}` | {_render_type(f.type)} | {required} |")
     return lines
 
@@ -236,10 +241,10 @@ def render() -> str:
             info = mi.type_info(cls)
             assert isinstance(info, mi.StructType)
             tag = str(info.tag)
-            out += [f"#### `{tag}`", ""] + _table(cls) + [""] + _example(tag, cls, union) + [""]
+            out += [f"#### `{tag}`", "", *_table(cls), "", *_example(tag, cls, union), ""]
     out += ["### Nested objects", ""]
     for cls in (protocol.CallSpec, protocol.Result, protocol.Limits):
-        out += [f"#### `{cls.__name__}`", ""] + _table(cls) + [""]
+        out += [f"#### `{cls.__name__}`", "", *_table(cls), ""]
     out.append(END)
     return "\n".join(out)
 
