@@ -1,0 +1,125 @@
+"""`toolwire serve` as a real process: token handling, readiness line, clean SIGTERM shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed
+
+from cli.serve import is_loopback
+from tests.wsclient import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ServeProcess:
+    process: trio.Process
+    url: str
+    stderr_path: Path
+
+
+@asynccontextmanager
+async def serve(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[ServeProcess]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    stderr_path = tmp_path / "serve.stderr"
+    full_env = {k: v for k, v in os.environ.items() if k != "TOOLWIRE_TOKEN"} | (env or {})
+    full_env["PYTHONPATH"] = str(ROOT)
+    argv = [sys.executable, "-m", "cli.main", "serve", "--port", "0",
+            "--workspace", str(workspace), "--state-dir", str(tmp_path / "state"), *extra]  # fmt: skip
+    with stderr_path.open("wb") as stderr:
+        process = await trio.lowlevel.open_process(
+            argv, stdout=subprocess.PIPE, stderr=stderr, env=full_env, cwd=str(ROOT)
+        )
+    assert process.stdout is not None
+    line = b""
+    with trio.fail_after(20):
+        while not line.endswith(b"\n"):
+            chunk = await process.stdout.receive_some(1)
+            assert chunk, stderr_path.read_text()
+            line += chunk
+    text = line.decode().strip()
+    assert text.startswith("toolwire listening on ws://127.0.0.1:"), text
+    try:
+        yield ServeProcess(process, text.rsplit(" ", 1)[1], stderr_path)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_generated_token_is_private_and_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
+    pidfile = tmp_path / "ws" / "child.pid"
+    async with serve(tmp_path) as server:
+        token_path = tmp_path / "state" / "token"
+        assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        assert str(token_path) in server.stderr_path.read_text()
+        token = token_path.read_text().strip()
+        async with connect(server.url, token) as conn:
+            command = "sleep 300 & echo $! > child.pid; echo up; wait"
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "long",
+                             "tool": "execute", "args": {"command": command}})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "output" and "up" in m["data"])
+            child = int(pidfile.read_text())
+            start = trio.current_time()
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await conn.recv()
+            assert closed.value.reason.code == 1001
+        with trio.fail_after(5):
+            code = await server.process.wait()
+        assert code == 0
+        assert trio.current_time() - start < 5
+    assert not alive(child)  # the backgrounded grandchild was ended with its group
+
+
+def alive(pid: int) -> bool:
+    """True if pid is a live process (a zombie waiting for its reaper does not count)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] != "Z"
+
+
+async def test_token_from_env_and_file(tmp_path: Path) -> None:
+    async with serve(tmp_path, env={"TOOLWIRE_TOKEN": "from-env"}) as server:
+        async with connect(server.url, "from-env") as conn:
+            assert conn.welcome["type"] == "welcome"
+        server.process.send_signal(signal.SIGINT)
+        assert await server.process.wait() == 0
+    token_file = tmp_path / "tok"
+    token_file.write_text("from-file\n")
+    async with serve(tmp_path, "--token-file", str(token_file)) as server:
+        async with connect(server.url, "from-file") as conn:
+            assert conn.welcome["type"] == "welcome"
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
+
+
+async def test_insecure_no_auth_says_so_loudly(tmp_path: Path) -> None:
+    async with serve(tmp_path, "--insecure-no-auth") as server:
+        async with connect(server.url, None) as conn:
+            assert conn.welcome["type"] == "welcome"
+        assert "authentication is DISABLED" in server.stderr_path.read_text()
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
+
+
+def test_only_loopback_addresses_count_as_local() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("")
