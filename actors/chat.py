@@ -91,6 +91,8 @@ class CallRuntime:
     gate: trio.Event | None = None  # set when a parked gate is answered
     approved: bool = False
     limiter: trio.CapacityLimiter | None = None  # a turn's "at most 8 at once"
+    # A blocking wait (process_output) has no process of its own to stop: a cancel ends it here.
+    wait_scope: trio.CancelScope | None = None
 
 
 @dataclass(eq=False)
@@ -117,6 +119,11 @@ class ChatActor:
             result_bytes=ctx.limits.result_output_bytes,
         )
         self.turns: dict[str, TurnRun] = {}
+        # execute calls accepted but not spawned yet: each holds a process slot, so a burst of
+        # calls within one scheduling tick cannot get past max_processes_per_chat.
+        self._launching: set[str] = set()
+        # Cancelled by `sweep` once the chat is idle, so a dropped chat leaves no task behind.
+        self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
 
@@ -124,13 +131,14 @@ class ChatActor:
     # Lifecycle
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for fn, args in self._pending:
-                nursery.start_soon(fn, *args)
-            self._pending.clear()
-            task_status.started()
-            await trio.sleep_forever()
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for fn, args in self._pending:
+                    nursery.start_soon(fn, *args)
+                self._pending.clear()
+                task_status.started()
+                await trio.sleep_forever()
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Start a task in this chat's nursery, even before the nursery has opened."""
@@ -141,7 +149,14 @@ class ChatActor:
 
     @property
     def idle(self) -> bool:
-        return not self.records and not self.processes and not self.turns
+        tasks = self._nursery.child_tasks if self._nursery is not None else ()
+        return (
+            not self.records
+            and not self.processes
+            and not self.turns
+            and not self._pending
+            and not tasks
+        )
 
     def _now(self) -> float:
         return trio.current_time()
@@ -344,7 +359,10 @@ class ChatActor:
         if record.done:
             assert record.result is not None
             if from_offset is None:
-                sub.finished = True  # a repeat of an ended call gets its result only
+                # A repeat of an ended call gets its result only; but a result still queued for
+                # an earlier request on this connection keeps the output it owes (no gaps).
+                if sub.results_queued == 0:
+                    sub.finished = True
             else:
                 sub.finished = False
                 sub.cursor = from_offset
@@ -431,6 +449,8 @@ class ChatActor:
             self._begin(record)
             self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
             return
+        if tool.kind is ToolKind.EXECUTE:
+            self._launching.add(record.call_id)
         self._spawn(self._run_task, record, tool)
 
     def _begin(self, record: ToolCallRecord) -> None:
@@ -482,6 +502,8 @@ class ChatActor:
             else:
                 result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             self._finish(record, result)
+        finally:
+            self._launching.discard(record.call_id)
 
     async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
         if record.state is not RecordState.QUEUED and record.state is not (
@@ -494,9 +516,17 @@ class ChatActor:
         self._begin(record)
         parsed = runtime.parsed
         if isinstance(parsed, process_tools.ProcessOutputArgs):
-            report = await process_tools.process_output(
-                self.processes, parsed, self.ctx.limits.max_wait_ms
-            )
+            with trio.CancelScope() as scope:
+                runtime.wait_scope = scope
+                report = await process_tools.process_output(
+                    self.processes, parsed, self.ctx.limits.max_wait_ms
+                )
+            if scope.cancelled_caught:
+                self._finish(
+                    record,
+                    self._plain_result(record, Outcome.CANCELED, TEXT_CANCELED_WHILE_RUNNING),
+                )
+                return
         elif tool.kind is ToolKind.THREAD:
             report = await trio.to_thread.run_sync(self._run_inline, tool, runtime)
         else:
@@ -506,8 +536,9 @@ class ChatActor:
     async def _run_execute(self, record: ToolCallRecord, runtime: CallRuntime) -> None:
         args = runtime.parsed
         assert isinstance(args, execute_tool.ExecuteArgs)
+        self._launching.discard(record.call_id)
         self._begin(record)
-        if self.processes.at_limit():
+        if self._at_process_limit():
             limit = self.ctx.limits.max_processes_per_chat
             self._finish(
                 record,
@@ -614,8 +645,9 @@ class ChatActor:
         if action is CancelAction.TOMBSTONED:
             record.extra["rt"] = CallRuntime(spec=CallSpec(call_id, "", {}))
             proc = self.processes.get(call_id)
-            if proc is not None and proc.running:
-                # A process outlives its (forgotten) record: the cancel still stops it.
+            if proc is not None and (proc.running or not proc.output_closed.is_set()):
+                # A process outlives its (forgotten) record: the cancel still stops it, also
+                # when only a background child of its exited shell is left (it holds the pipe).
                 self.records.begin(record)
                 record.started_at_ms = proc.started_at_ms
                 self._runtime(record).process = proc
@@ -640,6 +672,8 @@ class ChatActor:
             elif proc is not None:
                 proc.canceled = True
                 self._spawn(self._terminate, proc)
+            elif runtime.wait_scope is not None:
+                runtime.wait_scope.cancel()
             # A file tool in a worker thread cannot be interrupted: the cancel waits for it
             # and reports its real result, which is the truth.
         else:
@@ -662,7 +696,13 @@ class ChatActor:
     async def _reply_cancel(
         self, outbox: Outbox, record: ToolCallRecord, received: bool, rid: Any
     ) -> None:
-        await self._runtime(record).done.wait()
+        runtime = self._runtime(record)
+        await runtime.done.wait()
+        proc = runtime.process or self.processes.get(record.call_id)
+        if received and proc is not None and proc.canceled:
+            # A process the ended call left running is killed "like a running one" (5.3): the
+            # reply waits for it, so a client never sees it alive after the cancel_result.
+            await proc.exited.wait()
         assert record.result is not None
         outbox.put(CancelResultEvent(self.chat_id, record.call_id, received, record.result, rid))
 
@@ -716,6 +756,9 @@ class ChatActor:
         """Save the one result and publish it. The first finish wins; later ones are no-ops."""
         if not self.records.finish(record, result):
             return
+        # The age of a record counts from its end too: a call that ran longer than forget_after_s
+        # must not be forgotten (and run again on a retry) the moment it ends.
+        self.records.touch(record, self._now())
         runtime = self._runtime(record)
         runtime.done.set()
         event = ResultEvent(self.chat_id, record.call_id, result)
@@ -836,12 +879,16 @@ class ChatActor:
             )
         if spec.background and tool.kind is not ToolKind.EXECUTE:
             raise ToolwireError("bad_args", f"background applies to execute only, not {tool.name}")
-        if tool.kind is ToolKind.EXECUTE and self.processes.at_limit():
+        if tool.kind is ToolKind.EXECUTE and self._at_process_limit():
             raise ToolwireError(
                 "over_limit",
                 f"chat {self.chat_id!r} already runs "
                 f"{self.ctx.limits.max_processes_per_chat} processes (max_processes_per_chat)",
             )
+
+    def _at_process_limit(self) -> bool:
+        running = self.processes.running_count() + len(self._launching)
+        return running >= self.ctx.limits.max_processes_per_chat
 
     def _forget_some(self) -> None:
         """Forgetting is checked on insert too (like the anchor's agent), in O(forgotten)."""
@@ -859,9 +906,12 @@ class ChatActor:
                 del self.turns[record.turn_id]
 
     def sweep(self) -> None:
-        """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
+        """Periodic housekeeping: forget old records and exited processes (5.2, 5.4). An idle
+        chat ends its task: the agent drops it, and a later request starts a fresh one."""
         self._forget_some()
         self.processes.sweep(self._now())
+        if self.idle:
+            self._scope.cancel()
 
     def running_processes(self) -> list[processes.ProcessRecord]:
         return self.processes.running()

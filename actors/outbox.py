@@ -53,6 +53,7 @@ class Subscription:
         "output_pending",
         "resolved_events",
         "results_owed",
+        "results_queued",
         "started_sent",
         "stream",
     )
@@ -73,6 +74,8 @@ class Subscription:
         self.on_caught_up: Callable[[], None] | None = None
         # Requests on this connection still waiting for the call's result: one result each.
         self.results_owed = 0
+        # Results put in the outbox and not taken yet (their output is still to be sent).
+        self.results_queued = 0
 
     @property
     def lagging(self) -> bool:
@@ -112,6 +115,7 @@ class Outbox:
     def put_result(self, sub: Subscription, event: Event) -> None:
         if self.closed:
             return
+        sub.results_queued += 1
         self._queue.append((_Kind.RESULT, sub, event))
         self._nonempty.set()
 
@@ -147,6 +151,8 @@ class Outbox:
                 assert event is not None
                 out.append(event)
                 continue
+            if kind is _Kind.RESULT:
+                sub.results_queued -= 1
             if not sub.active:
                 continue
             if kind is _Kind.OUTPUT:

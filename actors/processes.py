@@ -230,8 +230,9 @@ class ProcessTable:
         return self.running_count() >= self._max_running
 
     def listing(self) -> list[ProcessRecord]:
-        """Newest first, as `process_list` shows them."""
-        return sorted(self._processes.values(), key=lambda p: p.started_at_ms, reverse=True)
+        """Newest first, as `process_list` shows them: by start order (the dict keeps it), not
+        by `started_at_ms`, which ties within a millisecond and steps back with the wall clock."""
+        return list(reversed(self._processes.values()))
 
     def spawn(
         self,
@@ -254,7 +255,7 @@ class ProcessTable:
             output=buffer,
             started_at_ms=started_at_ms,
         )
-        old = self._processes.get(process_id)
+        old = self._processes.pop(process_id, None)  # re-inserted below: now the newest
         if old is not None and old.running:
             # Unreachable through the record table (process_id == call_id, run at most once),
             # but never orphan a live process silently.

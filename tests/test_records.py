@@ -168,7 +168,7 @@ class RecordTableMachine(RuleBasedStateMachine):
         record = self.record(call_id)
         if record.state is RecordState.QUEUED:
             self.table.park(record)
-            assert record.state is RecordState.AWAITING_APPROVAL
+            assert record.state.value == "awaiting_approval"
         else:
             before = snapshot(record)
             with pytest.raises(TransitionError):

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,13 @@ from actors.events import (
     StartedEvent,
 )
 from actors.outbox import Outbox
+from actors.processes import ExitStatus
 from actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
     Outcome,
+    ToolwireError,
 )
 from actors.tools import files as file_tools
 from tests.conftest import TOKEN, LiveServer, start_server
@@ -335,6 +338,23 @@ async def test_cancel_before_run_refuses_a_later_call(live: LiveServer) -> None:
     assert again["received"] is True and same_bytes(again["result"], saved)
 
 
+async def test_one_cancel_result_per_id(live: LiveServer) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            done = await conn.call("c", "d", "execute", {"command": "echo d"})
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["x", "d", "y"]})
+            await conn.recv_until(
+                lambda m: len([m for m in conn.seen if m["type"] == "cancel_result"]) == 3
+            )
+    replies = {m["call_id"]: m for m in conn.seen if m["type"] == "cancel_result"}
+    assert {k: (m["received"], m["result"]["outcome"]) for k, m in replies.items()} == {
+        "x": (False, "not_run"),
+        "d": (True, "completed"),
+        "y": (False, "not_run"),
+    }
+    assert same_bytes(replies["d"]["result"], fields(done))
+
+
 async def test_cancel_while_running_reports_canceled_with_output_so_far(
     live: LiveServer,
 ) -> None:
@@ -353,7 +373,8 @@ async def test_cancel_while_running_reports_canceled_with_output_so_far(
     assert canceled["data"]["signal"] in ("SIGTERM", "SIGKILL")
     assert canceled["started_at"] == started["started_at"]
     assert same_bytes(fields(result), canceled)
-    assert not group_members(started["pid"])
+    assert not alive(started["pid"])
+    assert await gone(lambda: not group_members(started["pid"]))  # its `sleep 30` too
 
 
 async def test_cancel_after_done_keeps_the_saved_result(live: LiveServer) -> None:
@@ -485,6 +506,27 @@ async def test_timeout_returns_timed_out_and_the_process_keeps_running(
     assert not alive(pid)
 
 
+async def test_cancel_after_a_timeout_replies_once_the_process_is_gone(
+    make_server: MakeServer,
+) -> None:
+    # The leftover process ignores SIGTERM, so it dies only when the 0.3 s grace ends.
+    server = await make_server(kill_grace_s=0.3)
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with server.connect() as conn:
+            result = await conn.call(
+                "c", "t", "execute", {"command": "trap '' TERM; sleep 30"}, timeout_ms=100
+            )
+            pid = (await wait_for(conn, of("started", "t")))["pid"]
+            reply = await cancel(conn, "c", "t")
+            dead = alive(pid) is False
+            after = await tool(conn, "c", "o", "process_output", process_id="t")
+    assert result["outcome"] == "timed_out"
+    assert reply["received"] is True and same_bytes(reply["result"], fields(result))
+    assert dead  # the cancel_result came after the kill, not before it
+    assert after["data"]["running"] is False and after["data"]["canceled"] is True
+    assert after["data"]["signal"] == "SIGKILL"
+
+
 async def test_timeout_is_fixed_at_the_first_start(live: LiveServer) -> None:
     command = "sleep 30"
     with trio.fail_after(TEST_DEADLINE_S):
@@ -539,6 +581,34 @@ async def test_over_limit_refuses_the_extra_execute(make_server: MakeServer) -> 
     assert retried["outcome"] == "completed" and retried["output"] == "now\n"
 
 
+async def test_a_burst_of_executes_cannot_pass_the_limit(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # Three calls applied in one scheduling tick (no task ran in between, as when a client
+    # pipelines them): the third must be refused up front, not accepted and then failed, since
+    # a failed result would be saved forever and the id could never run.
+    ctx = AgentContext(workspace=str(tmp_path), limits=Limits(max_processes_per_chat=2))
+    agent = await nursery.start(Agent(ctx).run)
+    outbox = Outbox()
+    try:
+        with trio.fail_after(TEST_DEADLINE_S):
+            for call_id in ("p1", "p2"):
+                agent.call(outbox, "c", CallSpec(call_id, "execute", {"command": "sleep 30"}),
+                           stream=True, rid=None)  # fmt: skip
+            with pytest.raises(ToolwireError) as refused:
+                agent.call(outbox, "c", CallSpec("p3", "execute", {"command": "sleep 30"}),
+                           stream=True, rid=None)  # fmt: skip
+            assert refused.value.code == "over_limit"
+            assert agent.chats["c"].records.get("p3") is None
+            got = await events_until(
+                outbox, lambda got: sum(isinstance(e, StartedEvent) for e in got) == 2
+            )
+            assert not any(isinstance(e, ResultEvent) for e in got)
+            assert len(agent.chats["c"].processes.running()) == 2
+    finally:
+        await agent.stop_processes(0.5)
+
+
 async def test_chats_are_isolated_both_ways(live: LiveServer) -> None:
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:
@@ -580,11 +650,29 @@ async def test_head_and_tail_truncation_of_a_3mb_output(live: LiveServer) -> Non
     # 300,000 lines of 10 bytes: exactly 3,000,000 bytes.
     script = "import sys\nfor i in range(300000): sys.stdout.write(f'{i:09d}\\n')"
     command = f'{sys.executable} -c "{script}"'
+    everything = b"".join(f"{i:09d}\n".encode() for i in range(300_000))
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:
             result = await conn.call("c", "big", "execute", {"command": command}, stream=False)
+            # 5.2: an attach from an offset no longer retained resumes at the first retained
+            # byte after it, and the `output` offset shows the jump.
+            await conn.send(
+                {"type": "attach", "chat_id": "c", "call_id": "big", "from_offset": 100_000}
+            )
+            replay = await conn.recv_until(of("result", "big"))
     assert result["outcome"] == "completed"
-    assert [m["type"] for m in messages(conn, "big")] == ["accepted", "result"]  # stream: false
+    outputs = [m for m in replay if m["type"] == "output"]
+    resumed = outputs[0]["offset"]
+    assert resumed > 100_000
+    at = resumed
+    for m in outputs:
+        assert m["offset"] == at
+        at += len(m["data"].encode())
+    assert at == 3_000_000
+    assert "".join(m["data"] for m in outputs) == everything[resumed:].decode()
+    assert same_bytes(fields(replay[-1]), fields(result))
+    stream_false = messages(conn, "big")[: messages(conn, "big").index(result) + 1]
+    assert [m["type"] for m in stream_false] == ["accepted", "result"]  # stream: false
     n = 3_000_000 - 16 * 1024 - 48 * 1024
     assert result["output_bytes"] == 3_000_000
     assert result["truncated_bytes"] == n
@@ -794,37 +882,80 @@ async def test_idle_chats_are_dropped_with_their_task(
     for i in range(20):
         agent.call(outbox, f"chat-{i}", read_spec("r"), stream=True, rid=None)
     await drain(outbox)
-    tasks_before = len(agent._nursery.child_tasks)  # type: ignore[union-attr]
-    assert tasks_before >= 20
+    assert agent._nursery is not None
+    assert len(agent._nursery.child_tasks) >= 20  # one task per chat
     await trio.sleep(11)
     agent.sweep()
     await trio.testing.wait_all_tasks_blocked()
     assert agent.chats == {}
     # Memory is bounded by live records: a forgotten chat leaves no task behind.
-    assert len(agent._nursery.child_tasks) == 1  # type: ignore[union-attr]  # the sweeper
+    assert len(agent._nursery.child_tasks) == 1  # the sweeper
     # And a chat id can come back.
     agent.call(outbox, "chat-0", read_spec("r"), stream=True, rid=None)
     got = await drain(outbox)
     assert [e.result.outcome for e in got if isinstance(e, ResultEvent)] == [Outcome.COMPLETED]
 
 
+class _ScriptedProcess:
+    """A process in virtual time (the backend is injectable for exactly this): it runs
+    `run_s` seconds of the trio clock, prints nothing and exits 0."""
+
+    pid: int | None = None
+
+    def __init__(self, run_s: float) -> None:
+        self._run_s = run_s
+        self._exited = trio.Event()
+
+    async def read_some(self) -> bytes:
+        await self._exited.wait()
+        return b""
+
+    def read_available(self) -> bytes:
+        return b""
+
+    async def wait(self) -> ExitStatus:
+        await trio.sleep(self._run_s)
+        self._exited.set()
+        return ExitStatus(0, None)
+
+    def signal_group(self, sig: signal.Signals) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedBackend:
+    def __init__(self, run_s: float) -> None:
+        self.run_s = run_s
+        self.spawned = 0
+
+    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> _ScriptedProcess:
+        self.spawned += 1
+        return _ScriptedProcess(self.run_s)
+
+
 async def test_a_finished_long_run_is_not_forgotten_at_once(
-    nursery: trio.Nursery, tmp_path: Path
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    # Real time: forget_after_s=1, a command that runs 1.2 s. Its age counts from its end, so a
-    # retry right after the result gets that result (it must not run the command again).
-    ctx = AgentContext(workspace=str(tmp_path), limits=Limits(forget_after_s=1))
+    # A command that runs longer than forget_after_s. Its age counts from its end, so a retry
+    # right after the result gets that result: it must not run the command a second time.
+    backend = _ScriptedBackend(run_s=150)
+    ctx = AgentContext(workspace=str(tmp_path), limits=Limits(forget_after_s=100), backend=backend)
     agent = await nursery.start(Agent(ctx).run)
     outbox = Outbox()
-    spec = CallSpec("slow", "execute", {"command": "sleep 1.2; echo x >> marker"})
-    with trio.fail_after(TEST_DEADLINE_S):
-        agent.call(outbox, "c", spec, stream=False, rid=None)
-        await events_until(outbox, lambda got: any(isinstance(e, ResultEvent) for e in got))
-        agent.sweep()
-        agent.call(outbox, "c", spec, stream=False, rid=None)
-        got = await events_until(outbox, lambda got: any(isinstance(e, ResultEvent) for e in got))
+    spec = CallSpec("slow", "execute", {"command": "make"})
+    agent.call(outbox, "c", spec, stream=False, rid=None)
+    await events_until(outbox, lambda got: any(isinstance(e, ResultEvent) for e in got))
+    agent.sweep()
+    agent.call(outbox, "c", spec, stream=False, rid=None)
+    got = await drain(outbox)
     assert [e.replay for e in got if isinstance(e, AcceptedEvent)] == [True]
-    assert (tmp_path / "marker").read_text() == "x\n"
+    assert backend.spawned == 1
+    # Untouched for forget_after_s after its end, it may go (5.4).
+    await trio.sleep(100)
+    agent.sweep()
+    assert agent.chats["c"].records.get("slow") is None
 
 
 async def test_cancel_kills_a_process_that_outlived_its_record(
