@@ -220,7 +220,13 @@ class ChatActor:
                 f"call {call_id!r} is not waiting for approval (it is {record.state.wire_state})",
             )
         self.records.touch(record, self._now())
-        self._resolve_gate(record, "approved" if approved else "denied")
+        decision = "approved" if approved else "denied"
+        self._resolve_gate(record, decision)
+        sub = self._runtime(record).subs.get(outbox)
+        if sub is None or not sub.active or not (sub.stream or sub.resolved_events):
+            # The approver learns that its answer took effect even when it does not follow the
+            # call (another replica raised the gate): the one reply an `approve` gets.
+            outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
         if approved:
             self._launch(record)
         else:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import trio
 
 from actors.events import (
+    ApprovalEvent,
     ApprovalResolvedEvent,
     Event,
     OutputEvent,
@@ -43,6 +44,7 @@ class Subscription:
 
     __slots__ = (
         "active",
+        "approval_sent",
         "buffer",
         "call_id",
         "chat_id",
@@ -69,6 +71,7 @@ class Subscription:
         self.output_pending = False
         self.buffer: OutputBuffer | None = None
         self.started_sent = False
+        self.approval_sent = False  # `approval` goes to a connection once per gate (5.0)
         # True once a result was sent with no request since: no output follows a result.
         self.finished = False
         self.on_caught_up: Callable[[], None] | None = None
@@ -171,6 +174,10 @@ class Outbox:
                     if not sub.stream or sub.started_sent:
                         continue
                     sub.started_sent = True
+                elif isinstance(event, ApprovalEvent):
+                    if sub.approval_sent:
+                        continue
+                    sub.approval_sent = True
                 elif isinstance(event, ApprovalResolvedEvent) and not (
                     sub.stream or sub.resolved_events
                 ):
