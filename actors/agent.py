@@ -18,6 +18,7 @@ import trio
 
 from actors import processes
 from actors.chat import CallSpec, ChatActor
+from actors.journal import Journal, MemoryJournal, wall_ms_to_monotonic
 from actors.outbox import Outbox
 from actors.tools.registry import TOOL_NAMES
 
@@ -73,6 +74,8 @@ class AgentContext:
     backend: processes.ProcessBackend = field(default_factory=processes.RealProcessBackend)
     wall_ms: Callable[[], int] = wall_clock_ms
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # Where records survive restarts. MemoryJournal keeps nothing (tests, simulations, benches).
+    journal: Journal = field(default_factory=MemoryJournal)
 
 
 # How often the sweeper forgets expired records and exited processes. Forgetting is also checked
@@ -87,14 +90,27 @@ class Agent:
         self.boot_id = str(uuid.uuid4())  # new on every start (PROTOCOL.md 4, welcome)
         self.tools = list(TOOL_NAMES)
         self.chats: dict[str, ChatActor] = {}
+        self.recovered = 0  # records rebuilt from the journal at start
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.ctx.journal.run)
+            self.recovered = self._recover()
             nursery.start_soon(self._sweeper)
             task_status.started(self)
             await trio.sleep_forever()
+
+    def _recover(self) -> int:
+        """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
+        rows = self.ctx.journal.load()
+        rows.sort(key=lambda row: row.touched_at_ms)
+        now_wall, now = self.ctx.wall_ms(), trio.current_time()
+        for row in rows:
+            touched_at = wall_ms_to_monotonic(row.touched_at_ms, now_wall, now)
+            self.chat(row.chat_id).restore(row, touched_at)
+        return len(rows)
 
     def chat(self, chat_id: str) -> ChatActor:
         chat = self.chats.get(chat_id)

@@ -33,6 +33,7 @@ from actors.events import (
     TurnPlanEvent,
     TurnResultEvent,
 )
+from actors.journal import JournalRow
 from actors.outbox import Outbox, Subscription
 from actors.records import (
     Admission,
@@ -44,6 +45,7 @@ from actors.records import (
 )
 from actors.results import (
     TEXT_AGENT_FAILURE,
+    TEXT_AGENT_RESTARTED,
     TEXT_APPROVAL_EXPIRED,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
@@ -192,12 +194,14 @@ class ChatActor:
             sub.results_owed += 1
             self._start(record, gated=gated)
             return
+        self._journal_touch(record)
         self._follow(outbox, record, stream=stream, rid=rid, from_offset=None)
 
     def attach(self, outbox: Outbox, call_id: str, from_offset: int, rid: Any) -> None:
         record = self.records.attach(call_id, self._now())
         if record is None:
             raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
+        self._journal_touch(record)
         self._follow(outbox, record, stream=True, rid=rid, from_offset=from_offset)
 
     def detach(self, outbox: Outbox, call_id: str) -> None:
@@ -362,7 +366,8 @@ class ChatActor:
         )
         if record.state is RecordState.AWAITING_APPROVAL:
             self._announce_gate(record, only=sub)
-        if record.done:
+        if runtime.done.is_set():
+            # Published means durable: a result is never sent before the journal holds it.
             assert record.result is not None
             if from_offset is None:
                 # A repeat of an ended call gets its result only; but a result still queued for
@@ -434,6 +439,7 @@ class ChatActor:
             self.records.park(record)
             runtime = self._runtime(record)
             runtime.gate = trio.Event()
+            self._journal_write(record)
             self._announce_gate(record)
             if self.ctx.approval_timeout_s is not None:
                 self._spawn(self._expire_gate, record, runtime.gate)
@@ -452,20 +458,45 @@ class ChatActor:
         if tool.kind is ToolKind.INLINE and runtime.limiter is None:
             # Short file operations run right here: no task, no context switch. This is the
             # path of the "trivial call" benchmark.
-            self._begin(record)
-            self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
+            seq = self._begin(record)
+            if self.ctx.journal.is_durable(seq):
+                self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
+            else:
+                self._spawn(self._run_inline_when_durable, record, tool, runtime, seq)
             return
         if tool.kind is ToolKind.EXECUTE:
             self._launching.add(record.call_id)
         self._spawn(self._run_task, record, tool)
 
-    def _begin(self, record: ToolCallRecord) -> None:
+    def _begin(self, record: ToolCallRecord) -> int:
+        """Mark the effect started and journal it; returns the journal sequence number that
+        must be durable before the effect may actually happen (see `_durable_start`)."""
         self.records.begin(record)
         record.started_at_ms = self.ctx.wall_ms()
         runtime = self._runtime(record)
         if runtime.spec.timeout_ms:
             # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
             record.deadline = self._now() + runtime.spec.timeout_ms / 1000
+        return self._journal_write(record)
+
+    async def _durable_start(self, record: ToolCallRecord, seq: int) -> bool:
+        """Wait until the journal holds "started" before the effect happens, so a crash can
+        never forget a call that ran (it comes back `unknown`, never runs twice). A cancel that
+        arrived meanwhile wins: nothing happened, so the call ends not_run. False if so."""
+        if not self.ctx.journal.is_durable(seq):
+            await self.ctx.journal.wait_durable(seq)
+        if record.cancel_requested:
+            self._finish(
+                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            )
+            return False
+        return True
+
+    async def _run_inline_when_durable(
+        self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime, seq: int
+    ) -> None:
+        if await self._durable_start(record, seq):
+            self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
 
     def _run_inline(self, tool: ToolDef, runtime: CallRuntime) -> ToolReport:
         parsed = runtime.parsed
@@ -519,7 +550,9 @@ class ChatActor:
         if tool.kind is ToolKind.EXECUTE:
             await self._run_execute(record, runtime)
             return
-        self._begin(record)
+        seq = self._begin(record)
+        if not await self._durable_start(record, seq):
+            return
         parsed = runtime.parsed
         if isinstance(parsed, process_tools.ProcessOutputArgs):
             with trio.CancelScope() as scope:
@@ -542,8 +575,10 @@ class ChatActor:
     async def _run_execute(self, record: ToolCallRecord, runtime: CallRuntime) -> None:
         args = runtime.parsed
         assert isinstance(args, execute_tool.ExecuteArgs)
+        seq = self._begin(record)
+        if not await self._durable_start(record, seq):
+            return
         self._launching.discard(record.call_id)
-        self._begin(record)
         if self._at_process_limit():
             limit = self.ctx.limits.max_processes_per_chat
             self._finish(
@@ -765,6 +800,20 @@ class ChatActor:
         # The age of a record counts from its end too: a call that ran longer than forget_after_s
         # must not be forgotten (and run again on a retry) the moment it ends.
         self.records.touch(record, self._now())
+        seq = self._journal_write(record)
+        if self.ctx.journal.is_durable(seq):
+            self._publish_result(record)
+        else:
+            self._spawn(self._publish_when_durable, record, seq)
+
+    async def _publish_when_durable(self, record: ToolCallRecord, seq: int) -> None:
+        await self.ctx.journal.wait_durable(seq)
+        self._publish_result(record)
+
+    def _publish_result(self, record: ToolCallRecord) -> None:
+        """The saved result is durable: answer every request waiting for it."""
+        result = record.result
+        assert result is not None
         runtime = self._runtime(record)
         runtime.done.set()
         event = ResultEvent(self.chat_id, record.call_id, result)
@@ -902,6 +951,8 @@ class ChatActor:
             self._forgotten(record)
 
     def _forgotten(self, record: ToolCallRecord) -> None:
+        if self.ctx.journal.enabled:
+            self.ctx.journal.delete(self.chat_id, record.call_id)
         runtime = record.extra.get("rt")
         if isinstance(runtime, CallRuntime):
             for sub in runtime.subs.values():
@@ -924,3 +975,72 @@ class ChatActor:
 
     def _log_extra(self, record: ToolCallRecord) -> dict[str, Any]:
         return {"chat_id": self.chat_id, "call_id": record.call_id}
+
+    # -----------------------------------------------------------------------------------------
+    # Journal
+
+    def _journal_write(self, record: ToolCallRecord) -> int:
+        journal = self.ctx.journal
+        if not journal.enabled or record.state is RecordState.QUEUED:
+            return 0  # queued turn calls have done nothing yet: nothing to remember
+        spec = self._runtime(record).spec
+        return journal.write(
+            JournalRow(
+                chat_id=self.chat_id,
+                call_id=record.call_id,
+                state=record.state.value,
+                tool=record.tool,
+                fingerprint=record.fingerprint,
+                args=spec.args,
+                timeout_ms=spec.timeout_ms,
+                background=spec.background,
+                approval=spec.approval,
+                turn_id=record.turn_id,
+                result=record.result,
+                started_at_ms=record.started_at_ms,
+                touched_at_ms=self.ctx.wall_ms(),
+            )
+        )
+
+    def _journal_touch(self, record: ToolCallRecord) -> None:
+        if self.ctx.journal.enabled and record.state is not RecordState.QUEUED:
+            self.ctx.journal.touch(self.chat_id, record.call_id, self.ctx.wall_ms())
+
+    def restore(self, row: JournalRow, touched_at: float) -> None:
+        """Rebuild one record from the journal after a restart (PROTOCOL.md promise 1):
+        a saved result is served again as it was; a call that was running when the agent died
+        ends `unknown` and never runs again; a parked gate is parked again."""
+        spec = CallSpec(
+            row.call_id, row.tool or "", row.args, row.timeout_ms, row.background, row.approval
+        )
+        runtime = CallRuntime(spec=spec)
+        record = ToolCallRecord(
+            call_id=row.call_id,
+            tool=row.tool,
+            fingerprint=row.fingerprint,
+            state=RecordState(row.state),
+            touched_at=touched_at,
+            effect_started=row.started_at_ms is not None or row.state == "running",
+            started_at_ms=row.started_at_ms,
+            result=row.result,
+            turn_id=row.turn_id,
+        )
+        record.extra["rt"] = runtime
+        self.records.restore(record)
+        if record.state is RecordState.DONE:
+            if record.result is None:
+                raise ValueError(
+                    f"journal row {row.chat_id!r}/{row.call_id!r} is done without a result"
+                )
+            runtime.done.set()
+        elif record.state is RecordState.RUNNING:
+            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_RESTARTED))
+        elif record.state is RecordState.AWAITING_APPROVAL:
+            try:
+                tool = lookup(spec.tool)
+                runtime.parsed = parse_args(tool, spec.args)
+            except ToolwireError as exc:
+                runtime.invalid = exc.message
+            runtime.gate = trio.Event()
+            if self.ctx.approval_timeout_s is not None:
+                self._spawn(self._expire_gate, record, runtime.gate)

@@ -116,6 +116,12 @@ class RecordTable:
     def get(self, call_id: str) -> ToolCallRecord | None:
         return self._records.get(call_id)
 
+    def restore(self, record: ToolCallRecord) -> None:
+        """Insert a record rebuilt from the journal. Callers restore in touch order."""
+        if record.call_id in self._records:
+            raise TransitionError(f"{record.call_id} restored twice")
+        self._records[record.call_id] = record
+
     def touch(self, record: ToolCallRecord, now: float) -> None:
         """Every request, attach or cancel that names a record resets its age (5.4)."""
         record.touched_at = now

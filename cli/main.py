@@ -45,6 +45,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="end a gate left unanswered this long as not_run",
     )
 
+    serve.add_argument(
+        "--journal",
+        choices=["sqlite", "memory"],
+        default="sqlite",
+        help="where records survive restarts (memory: nothing survives; for experiments)",
+    )
+
     call = sub.add_parser("call", help="run one tool call and stream its output")
     call.add_argument("tool", help="tool name, e.g. execute")
     call.add_argument("args_json", metavar="ARGS_JSON", help='e.g. \'{"command": "ls -la"}\'')
@@ -92,8 +99,21 @@ def main(argv: list[str] | None = None) -> int:
             tls_key=args.tls_key,
             approve=approve,
             approval_timeout_s=args.approval_timeout_s,
+            journal=args.journal,
         )
-        trio.run(serve, options)
+        from actors.journal import JournalError
+
+        try:
+            trio.run(serve, options)
+        except (JournalError, BaseExceptionGroup) as exc:
+            # A journal that cannot be read stops the agent with the file named, never a reset.
+            group = exc if isinstance(exc, BaseExceptionGroup) else BaseExceptionGroup("", [exc])
+            found, _ = group.split(JournalError)
+            if found is None:
+                raise
+            for error in _leaves(found):
+                print(f"toolwire serve: {error}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "call":
         from cli.call import parse_args_json, read_token, run_call
@@ -124,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(text)
         return 0
     raise AssertionError(args.command)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
 
 
 def schema_text() -> str:

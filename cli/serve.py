@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from actors.agent import Agent, AgentContext
+from actors.journal import open_journal
 from transport.server import Server, ServerConfig
 
 log = logging.getLogger("toolwire.serve")
@@ -37,6 +38,7 @@ class ServeOptions:
     tls_key: Path | None = None
     approve: frozenset[str] = frozenset()
     approval_timeout_s: float | None = None
+    journal: str = "sqlite"
 
 
 def default_state_dir() -> Path:
@@ -108,10 +110,14 @@ async def serve(options: ServeOptions) -> None:
             "command travel in clear text. Use --tls-cert/--tls-key or bind 127.0.0.1.",
             file=sys.stderr,
         )
+    # A corrupt or unreadable journal raises JournalError here: the agent stops and says which
+    # file, rather than starting empty and running again what already ran.
+    journal = open_journal(options.journal, state_dir)
     ctx = AgentContext(
         workspace=str(workspace),
         approve_tools=options.approve,
         approval_timeout_s=options.approval_timeout_s,
+        journal=journal,
     )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -124,6 +130,12 @@ async def serve(options: ServeOptions) -> None:
             scheme = "wss" if tls else "ws"
             print(f"toolwire: token {token_source}", file=sys.stderr)
             print(f"toolwire: workspace {workspace}", file=sys.stderr)
+            where = getattr(journal, "path", None)
+            print(
+                f"toolwire: journal {options.journal}"
+                + (f" at {where}, {agent.recovered} records recovered" if where else ""),
+                file=sys.stderr,
+            )
             print(f"toolwire listening on {scheme}://{options.host}:{port}/v1", flush=True)
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)

@@ -889,7 +889,7 @@ async def test_idle_chats_are_dropped_with_their_task(
     await trio.testing.wait_all_tasks_blocked()
     assert agent.chats == {}
     # Memory is bounded by live records: a forgotten chat leaves no task behind.
-    assert len(agent._nursery.child_tasks) == 1  # the sweeper
+    assert len(agent._nursery.child_tasks) == 2  # the sweeper and the journal writer
     # And a chat id can come back.
     agent.call(outbox, "chat-0", read_spec("r"), stream=True, rid=None)
     got = await drain(outbox)

@@ -1,0 +1,274 @@
+"""The durable record store: at most once across agent restarts.
+
+The chat actors keep their records in memory and write every change that matters here. Writes
+are queued synchronously (no `await` inside a record transition) and one writer task commits
+them in groups (group commit: one transaction and one fsync for everything queued meanwhile),
+on a worker thread so SQLite never blocks the trio loop. A caller that must not act before a
+change is durable (start an effect, reply with a result, confirm a cancel) awaits
+`wait_durable(seq)`; everything else goes on.
+
+`MemoryJournal` keeps nothing and is always durable: for tests, simulations and benchmarks
+(`--journal memory`), and the zero-cost baseline the journal benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from actors.results import Result
+
+SCHEMA_VERSION = 1
+
+# A group commit takes everything queued while the previous one was on disk, but at most this
+# many changes, so one transaction's latency stays bounded under a flood of calls.
+MAX_BATCH = 4096
+
+
+class JournalError(Exception):
+    """The journal cannot be opened or read: the agent must stop, never silently reset."""
+
+
+class JournalRow(msgspec.Struct, kw_only=True):
+    """Everything needed to rebuild one record after a restart."""
+
+    chat_id: str
+    call_id: str
+    state: str  # "awaiting_approval" / "running" / "done" (queued calls are not journaled)
+    tool: str | None
+    fingerprint: bytes | None
+    args: Any = None
+    timeout_ms: int | None = None
+    background: bool = False
+    approval: bool = False
+    turn_id: str | None = None
+    result: Result | None = None
+    started_at_ms: int | None = None
+    touched_at_ms: int = 0
+
+
+class Journal(ABC):
+    """What the chat actors need of a durable store."""
+
+    # False for MemoryJournal: the actors skip building rows nobody keeps.
+    enabled = True
+
+    @abstractmethod
+    def write(self, row: JournalRow) -> int:
+        """Queue an upsert of the record's current state; returns its sequence number."""
+
+    @abstractmethod
+    def touch(self, chat_id: str, call_id: str, wall_ms: int) -> None:
+        """Queue a new last-touch time (no one waits for it to be durable)."""
+
+    @abstractmethod
+    def delete(self, chat_id: str, call_id: str) -> None:
+        """Queue the removal of a forgotten record."""
+
+    @abstractmethod
+    def is_durable(self, seq: int) -> bool: ...
+
+    @abstractmethod
+    async def wait_durable(self, seq: int) -> None: ...
+
+    @abstractmethod
+    def load(self) -> list[JournalRow]:
+        """Every record, for recovery at start (before the writer runs)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The writer task; runs in the agent's nursery until cancelled."""
+        task_status.started()
+        await trio.sleep_forever()
+
+    def close(self) -> None:  # noqa: B027 - a store with nothing to release needs no override
+        """Release the store (after the writer has stopped)."""
+
+
+class MemoryJournal(Journal):
+    enabled = False
+
+    def write(self, row: JournalRow) -> int:
+        return 0
+
+    def touch(self, chat_id: str, call_id: str, wall_ms: int) -> None:
+        pass
+
+    def delete(self, chat_id: str, call_id: str) -> None:
+        pass
+
+    def is_durable(self, seq: int) -> bool:
+        return True
+
+    async def wait_durable(self, seq: int) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def load(self) -> list[JournalRow]:
+        return []
+
+
+_row_encoder = msgspec.msgpack.Encoder()
+_row_decoder = msgspec.msgpack.Decoder(JournalRow)
+
+_UPSERT = (
+    "INSERT INTO calls (chat_id, call_id, row, touched_at_ms) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (chat_id, call_id) DO UPDATE SET row = excluded.row, "
+    "touched_at_ms = excluded.touched_at_ms"
+)
+_TOUCH = "UPDATE calls SET touched_at_ms = ? WHERE chat_id = ? AND call_id = ?"
+_DELETE = "DELETE FROM calls WHERE chat_id = ? AND call_id = ?"
+
+
+class SqliteJournal(Journal):
+    """Records in SQLite (WAL mode) under the state dir, one row per (chat_id, call_id)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._queued_seq = 0  # sequence number of the newest queued change
+        self._durable_seq = 0  # sequence number of the newest committed change
+        self._committed = trio.Event()
+        self._wakeup = trio.Event()
+        self._failed: BaseException | None = None
+        self._db = self._open(path)
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        # Records hold commands, args and outputs: private to this user, like the token.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not path.exists():
+            path.touch(mode=0o600)
+        try:
+            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            # WAL: readers never block the writer, and a commit is one append + fsync.
+            db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed transaction survives power loss, not only a process crash.
+            db.execute("PRAGMA synchronous=FULL")
+            check = db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise JournalError(f"journal {path} is corrupt: {check}")
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS calls (chat_id TEXT NOT NULL, call_id TEXT NOT NULL, "
+                "row BLOB NOT NULL, touched_at_ms INTEGER NOT NULL, "
+                "PRIMARY KEY (chat_id, call_id)) WITHOUT ROWID"
+            )
+            found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if found is None:
+                db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif found[0] != str(SCHEMA_VERSION):
+                raise JournalError(
+                    f"journal {path} has schema version {found[0]}; this agent reads "
+                    f"version {SCHEMA_VERSION}"
+                )
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {path} is unreadable: {exc}") from exc
+        return db
+
+    def _queue(self, sql: str, params: tuple[Any, ...]) -> int:
+        if self._failed is not None:
+            raise JournalError(f"journal {self.path} failed: {self._failed}") from self._failed
+        self._ops.append((sql, params))
+        self._queued_seq += 1
+        self._wakeup.set()
+        return self._queued_seq
+
+    def write(self, row: JournalRow) -> int:
+        return self._queue(
+            _UPSERT, (row.chat_id, row.call_id, _row_encoder.encode(row), row.touched_at_ms)
+        )
+
+    def touch(self, chat_id: str, call_id: str, wall_ms: int) -> None:
+        self._queue(_TOUCH, (wall_ms, chat_id, call_id))
+
+    def delete(self, chat_id: str, call_id: str) -> None:
+        self._queue(_DELETE, (chat_id, call_id))
+
+    def is_durable(self, seq: int) -> bool:
+        return seq <= self._durable_seq
+
+    async def wait_durable(self, seq: int) -> None:
+        while seq > self._durable_seq:
+            if self._failed is not None:
+                raise JournalError(f"journal {self.path} failed: {self._failed}")
+            await self._committed.wait()
+        await trio.lowlevel.checkpoint()
+
+    def load(self) -> list[JournalRow]:
+        try:
+            rows = self._db.execute("SELECT row FROM calls").fetchall()
+            return [_row_decoder.decode(blob) for (blob,) in rows]
+        except (sqlite3.DatabaseError, msgspec.DecodeError) as exc:
+            raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        limiter = trio.CapacityLimiter(1)  # one writer thread: SQLite has one writer anyway
+        while True:
+            if not self._ops:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            batch = self._ops[:MAX_BATCH]
+            del self._ops[:MAX_BATCH]
+            last = self._queued_seq - len(self._ops)
+            try:
+                # Not cancellable: a commit half-way would leave waiters not knowing the truth.
+                await trio.to_thread.run_sync(self._commit, batch, limiter=limiter)
+            except sqlite3.Error as exc:
+                self._failed = exc
+                self._committed.set()
+                raise JournalError(f"journal {self.path}: write failed: {exc}") from exc
+            self._durable_seq = last
+            self._committed.set()
+            self._committed = trio.Event()
+
+    def _commit(self, batch: list[tuple[str, tuple[Any, ...]]]) -> None:
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for sql, params in batch:
+                db.execute(sql, params)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def open_journal(kind: str, state_dir: Path | None) -> Journal:
+    """`--journal memory` or `--journal sqlite` (the default for `toolwire serve`)."""
+    if kind == "memory":
+        return MemoryJournal()
+    if kind != "sqlite":
+        raise ValueError(f"unknown journal kind {kind!r}; use sqlite or memory")
+    if state_dir is None:
+        raise ValueError("the sqlite journal needs a state dir")
+    return SqliteJournal(state_dir / "journal.sqlite3")
+
+
+def wall_ms_to_monotonic(wall_ms: int, now_wall_ms: int, now_monotonic: float) -> float:
+    """Map a journaled wall-clock touch time onto this run's trio clock (for forgetting)."""
+    if wall_ms <= 0:
+        return -math.inf
+    return now_monotonic - max(0, now_wall_ms - wall_ms) / 1000
+
+
+__all__ = [
+    "Journal",
+    "JournalError",
+    "JournalRow",
+    "MemoryJournal",
+    "SqliteJournal",
+    "open_journal",
+]

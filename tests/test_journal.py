@@ -1,0 +1,268 @@
+"""At most once across agent restarts (issue 5): the journal, recovery, and kill -9 of a real
+`toolwire serve` in the middle of each state."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from actors.agent import Agent, AgentContext, Limits
+from actors.chat import CallSpec
+from actors.events import ResultEvent
+from actors.journal import JournalError, JournalRow, MemoryJournal, SqliteJournal
+from actors.outbox import Outbox
+from actors.results import TEXT_AGENT_RESTARTED, TEXT_CANCELED_BEFORE_RUN
+from tests.test_serve import ROOT, serve
+from tests.wsclient import connect, is_result
+
+# ---------------------------------------------------------------------------------------------
+# The store itself
+
+
+def _row(call_id: str, state: str = "done", touched: int = 1) -> JournalRow:
+    return JournalRow(
+        chat_id="c", call_id=call_id, state=state, tool="read_file", fingerprint=b"f",
+        args={"path": "x"}, touched_at_ms=touched,
+    )  # fmt: skip
+
+
+async def test_writes_are_grouped_into_commits_and_survive_reopening(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    path = tmp_path / "state" / "journal.sqlite3"
+    journal = SqliteJournal(path)
+    await nursery.start(journal.run)
+    seqs = [journal.write(_row(f"call-{i}")) for i in range(500)]
+    assert not journal.is_durable(seqs[-1])
+    await journal.wait_durable(seqs[-1])
+    assert all(journal.is_durable(seq) for seq in seqs)
+    journal.touch("c", "call-1", 99)
+    journal.delete("c", "call-2")
+    await journal.wait_durable(journal.write(_row("last")))
+    reopened = SqliteJournal(path)
+    rows = {row.call_id: row for row in reopened.load()}
+    assert len(rows) == 500  # 500 - call-2 + last
+    assert "call-2" not in rows and rows["call-1"].args == {"path": "x"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_a_corrupt_or_foreign_journal_is_refused_with_its_name(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(JournalError, match=str(garbage)):
+        SqliteJournal(garbage)
+    newer = tmp_path / "newer.sqlite3"
+    SqliteJournal(newer).close()
+    db = sqlite3.connect(newer)
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="schema version 99"):
+        SqliteJournal(newer)
+
+
+def test_the_memory_journal_keeps_nothing() -> None:
+    journal = MemoryJournal()
+    assert journal.write(_row("x")) == 0 and journal.is_durable(0) and journal.load() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery in process: stop an agent, start another on the same journal file
+
+
+async def _collect(outbox: Outbox, call_id: str) -> ResultEvent:
+    while True:
+        await outbox.wait()
+        for event in outbox.take():
+            if isinstance(event, ResultEvent) and event.call_id == call_id:
+                return event
+
+
+async def test_forgetting_deletes_from_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    (tmp_path / "f.txt").write_text("hi\n")
+    async with trio.open_nursery() as nursery:
+        ctx = AgentContext(
+            workspace=str(tmp_path), journal=SqliteJournal(path), limits=Limits(forget_after_s=0)
+        )
+        agent = await nursery.start(Agent(ctx).run)
+        outbox = Outbox()
+        agent.call(
+            outbox, "c", CallSpec("r", "read_file", {"path": "f.txt"}), stream=True, rid=None
+        )
+        await _collect(outbox, "r")
+        assert [row.call_id for row in SqliteJournal(path).load()] == ["r"]
+        agent.sweep()
+        await trio.sleep(0.05)
+        await ctx.journal.wait_durable(ctx.journal.write(_row("marker")))
+        assert [row.call_id for row in SqliteJournal(path).load()] == ["marker"]
+        nursery.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------------------------------
+# kill -9 of a real `toolwire serve`, restart on the same state dir
+
+
+def _token(tmp_path: Path) -> str:
+    return (tmp_path / "state" / "token").read_text().strip()
+
+
+async def _kill9(process: trio.Process) -> None:
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+
+
+async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_again(
+    tmp_path: Path,
+) -> None:
+    marker = "runs.txt"
+    command = f"echo ran >> {marker}; echo $$ > shell.pid; echo started; sleep 300"
+    args = {"command": command}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "long", "tool": "execute",
+                             "args": args})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "output" and "started" in m["data"])
+        await _kill9(server.process)
+    orphan = int((tmp_path / "ws" / "shell.pid").read_text())
+    try:
+        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+            assert "1 records recovered" in server.stderr_path.read_text()
+            repeat = await conn.call("c", "long", "execute", args)
+            assert repeat["outcome"] == "unknown"
+            assert repeat["text"] == TEXT_AGENT_RESTARTED
+            assert repeat["started_at"] is not None
+            accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
+            assert accepted["replay"] is True and accepted["state"] == "done"
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["long"], "rid": 1})
+            cancel = await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            assert cancel[-1]["received"] is True
+            assert cancel[-1]["result"] == {k: v for k, v in repeat.items()
+                                            if k not in ("type", "chat_id", "call_id")}  # fmt: skip
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": "long"})
+            attached = await conn.recv_until(is_result("long"))
+            assert attached[-1] == repeat
+        assert (tmp_path / "ws" / marker).read_text() == "ran\n"  # it never ran again
+    finally:
+        os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
+
+
+async def test_kill9_after_the_result_serves_it_again_byte_for_byte(tmp_path: Path) -> None:
+    args = {"command": "echo ran >> runs.txt; echo done"}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            first = await conn.call("c", "x", "execute", args)
+        await _kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        again = await conn.call("c", "x", "execute", args)
+        assert again == first
+        conflict = await conn.call("c", "x", "execute", {"command": "echo other"})
+        assert conflict["type"] == "error" and conflict["code"] == "conflict"
+    assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
+
+
+async def test_kill9_after_a_cancel_tombstone_still_refuses(tmp_path: Path) -> None:
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["late"], "rid": 1})
+            reply = await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            assert reply[-1]["received"] is False
+        await _kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        result = await conn.call("c", "late", "execute", {"command": "touch ran.txt"})
+        assert result["outcome"] == "not_run" and result["text"] == TEXT_CANCELED_BEFORE_RUN
+    assert not (tmp_path / "ws" / "ran.txt").exists()
+
+
+async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
+    args = {"command": "echo ran >> runs.txt"}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "g", "tool": "execute",
+                             "args": args, "approval": True})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "approval")
+            # The gate is journaled without waiting for the disk. A cancel tombstone is durable
+            # before its reply, and commits are in order: its reply proves the gate landed.
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["other"]})
+            await conn.recv_until(lambda m: m["type"] == "cancel_result")
+        await _kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await conn.send({"type": "attach", "chat_id": "c", "call_id": "g"})
+        got = await conn.recv_until(lambda m: m["type"] == "approval")
+        assert got[0]["type"] == "accepted" and got[0]["state"] == "awaiting_approval"
+        assert got[-1]["tool"] == "execute" and got[-1]["args"] == args
+        assert not (tmp_path / "ws" / "runs.txt").exists()
+        await conn.send({"type": "approve", "chat_id": "c", "call_id": "g", "approved": True})
+        result = (await conn.recv_until(is_result("g")))[-1]
+        assert result["outcome"] == "completed"
+    assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
+
+
+def test_a_corrupt_journal_stops_serve_with_the_file_named(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "journal.sqlite3").write_bytes(b"\x00garbage" * 512)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "serve", "--port", "0", "--state-dir", str(state),
+         "--workspace", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert str(state / "journal.sqlite3") in done.stderr
+    assert "listening" not in done.stdout
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_kill9_at_a_random_moment_nothing_runs_twice(tmp_path: Path, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    naps = [rng.choice([0, 0, 0.05, 0.2, 5]) for _ in range(16)]
+    calls = {
+        f"k{i}": {"command": f"echo $$ > p{i}; echo x >> m{i}; sleep {nap}; echo ok"}
+        for i, nap in enumerate(naps)
+    }
+    seen_before: dict[str, dict[str, Any]] = {}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            for call_id, args in calls.items():
+                await conn.send({"type": "call", "chat_id": "c", "call_id": call_id,
+                                 "tool": "execute", "args": args})  # fmt: skip
+            # Crash after a seeded number of messages: somewhere between accepts and results.
+            for _ in range(rng.randrange(5, 60)):
+                message = await conn.recv()
+                if message["type"] == "result":
+                    seen_before[message["call_id"]] = message
+        await _kill9(server.process)
+    ws = tmp_path / "ws"
+    try:
+        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+            for call_id, args in calls.items():
+                result = await conn.call("c", call_id, "execute", args)
+                assert result["type"] == "result"
+                i = call_id[1:]
+                runs = (ws / f"m{i}").read_text().count("x") if (ws / f"m{i}").exists() else 0
+                assert runs <= 1, f"{call_id} ran {runs} times"
+                if call_id in seen_before:
+                    assert result == seen_before[call_id]  # served again, byte for byte
+                if result["outcome"] == "completed":
+                    assert runs == 1
+                else:
+                    # Started before the crash and cut short by it: said so, never guessed.
+                    assert result["outcome"] == "unknown" and result["text"] == TEXT_AGENT_RESTARTED
+    finally:
+        for pidfile in ws.glob("p*"):  # the crashed agent's process groups are not ours
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(pidfile.read_text()), signal.SIGKILL)
