@@ -84,8 +84,17 @@ SWEEP_INTERVAL_S = 60.0
 
 
 class Agent:
-    def __init__(self, ctx: AgentContext, agent_id: str | None = None) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        agent_id: str | None = None,
+        *,
+        chat_class: type[ChatActor] = ChatActor,
+    ) -> None:
         self.ctx = ctx
+        # The simulation harness plants known bugs in a ChatActor subclass to prove its checker
+        # can fail; production always uses ChatActor itself.
+        self._chat_class = chat_class
         self.agent_id = agent_id or f"toolwire-{os.uname().nodename}"
         self.boot_id = str(uuid.uuid4())  # new on every start (PROTOCOL.md 4, welcome)
         self.tools = list(TOOL_NAMES)
@@ -117,7 +126,7 @@ class Agent:
         if chat is None:
             if self._nursery is None:
                 raise RuntimeError("the agent is not running")
-            chat = ChatActor(self.ctx, chat_id)
+            chat = self._chat_class(self.ctx, chat_id)
             self.chats[chat_id] = chat
             self._nursery.start_soon(chat.run)
         return chat

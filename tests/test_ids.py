@@ -16,7 +16,7 @@ VECTOR = "ca92e3e7-ee42-5889-b1df-75869f9117ee"
 
 def test_published_vector() -> None:
     # docs/protocol.md and Coder's chatd publish this vector; both sides must agree on it.
-    assert TOOL_CALL_NAMESPACE == uuid.UUID("0af4d6d3-691c-45dd-ac54-55ea97970ebc")
+    assert uuid.UUID("0af4d6d3-691c-45dd-ac54-55ea97970ebc") == TOOL_CALL_NAMESPACE
     assert tool_call_id(CHAT, "42", "call_1") == VECTOR
     assert tool_call_ids(CHAT, "42", ["call_1"]) == [VECTOR]
 
@@ -50,20 +50,32 @@ def test_a_provider_id_that_is_not_a_str_is_a_value_error(bad: object) -> None:
         tool_call_ids(CHAT, "42", ["call_1", bad])  # type: ignore[list-item]
 
 
-texts = st.text(max_size=40)
+def test_a_lone_surrogate_is_a_value_error() -> None:
+    # JSON allows "\ud800"; such a string has no UTF-8 form, so no id can be derived from it.
+    with pytest.raises(ValueError, match="valid Unicode"):
+        tool_call_id(CHAT, "42", "call_\ud800")
+    with pytest.raises(ValueError, match="valid Unicode"):
+        tool_call_ids(CHAT, "42", ["call_\ud800"])
+
+
+texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40)
 
 
 @given(texts, texts, texts)
 def test_deterministic(chat_id: str, message_id: str, provider_call_id: str) -> None:
     first = tool_call_id(chat_id, message_id, provider_call_id)
     assert first == tool_call_id(chat_id, message_id, provider_call_id)
-    assert first == str(uuid.uuid5(TOOL_CALL_NAMESPACE, f"{chat_id}/{message_id}/{provider_call_id}"))
+    assert first == str(
+        uuid.uuid5(TOOL_CALL_NAMESPACE, f"{chat_id}/{message_id}/{provider_call_id}")
+    )
 
 
 # "/" separates the parts, so ("a/b", "c") and ("a", "b/c") are the same name by design (it is
 # Coder's scheme). Distinctness is promised for parts without "/" (UUIDs, message numbers,
 # provider ids like "call_abc" or "toolu_01...").
-parts = st.text(alphabet=st.characters(blacklist_characters="/"), max_size=30)
+parts = st.text(
+    alphabet=st.characters(blacklist_characters="/", blacklist_categories=["Cs"]), max_size=30
+)
 
 
 @given(st.tuples(parts, parts, parts), st.tuples(parts, parts, parts))

@@ -37,8 +37,16 @@ def tool_call_id(chat_id: str, message_id: str, provider_call_id: str) -> str:
     Deterministic: the same three strings give the same id on every host and every retry.
     The caller is responsible for not passing an empty or repeated provider id (see
     `tool_call_ids`, which checks a whole message at once).
+
+    Raises ValueError if a part is not valid Unicode text (a lone surrogate, as a JSON escape
+    like "\\ud800" can produce): it has no UTF-8 form to hash, and replacing it would let two
+    different ids collide.
     """
-    return str(uuid.uuid5(TOOL_CALL_NAMESPACE, f"{chat_id}/{message_id}/{provider_call_id}"))
+    name = f"{chat_id}/{message_id}/{provider_call_id}"
+    try:
+        return str(uuid.uuid5(TOOL_CALL_NAMESPACE, name))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"tool call id parts must be valid Unicode text: {name!r}") from exc
 
 
 def tool_call_ids(
