@@ -15,10 +15,11 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.agent import Limits
+from actors.output import OutputBuffer
 from tests import wsclient
 from tests.conftest import TOKEN, LiveServer, start_server
 from transport import protocol
@@ -318,13 +319,6 @@ async def test_offsets_stay_exact_after_invalid_utf8(live: LiveServer) -> None:
         assert handle.offset == result.output_bytes == 6 and handle.gaps == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="protocol gap: an `output` event does not say how many raw bytes its `data` came "
-    "from; after a U+FFFD the client's offset is only an upper bound, and a re-attach from it "
-    "skips the bytes in between (here `c\\n`). Fix: add the raw byte count (or next_offset) "
-    "to `output`.",
-)
 async def test_a_reconnect_after_invalid_utf8_loses_nothing(live: LiveServer, proxy: Proxy) -> None:
     async with connect(proxy.url(), live.token, backoff_initial_s=0.01) as client:
         handle = await client.call(CHAT, "bin", "execute", {"command": INVALID_UTF8_COMMAND})
@@ -725,3 +719,47 @@ def test_cursor_replays_give_every_byte_once(
             delivered.append(taken[1])
     assert "".join(delivered) == text
     assert cursor.offset == len(text.encode()) and cursor.gaps == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(
+        st.binary(max_size=12)
+        | st.text(max_size=6).map(str.encode)
+        | st.sampled_from([b"\xff", b"\xe2\x82", b"\xac", b"\xf0\x9f", b"\x98\x80", b"\xed\xa0"]),
+        max_size=12,
+    ),
+    reads=st.lists(st.integers(1, 9), min_size=1, max_size=20),
+    cut_after=st.integers(0, 20),
+)
+def test_cursor_resumes_without_loss_over_invalid_utf8(
+    pieces: list[bytes], reads: list[int], cut_after: int
+) -> None:
+    """The agent's own OutputBuffer chunks random output (invalid UTF-8 included); the
+    connection drops after some chunks and the client re-attaches from `resume_offset`: the
+    joined text equals the whole output decoded once, nothing lost, nothing doubled."""
+    buffer = OutputBuffer(retention_bytes=1 << 20, head_bytes=1 << 19)
+    for piece in pieces:
+        buffer.append(piece)
+    buffer.close()
+    expected = b"".join(pieces).decode("utf-8", "replace")
+    cursor = OutputCursor()
+    delivered: list[str] = []
+    agent_cursor, sizes = 0, itertools.cycle(reads)
+    for _ in range(cut_after):  # the first connection
+        chunk = buffer.read(agent_cursor, next(sizes))
+        if chunk is None:
+            break
+        agent_cursor = chunk.next_offset
+        taken = cursor.take(chunk.offset, chunk.data)
+        if taken is not None:
+            delivered.append(taken[1])
+    cursor.rewound = True  # reconnect: attach from where the client says
+    agent_cursor = cursor.resume_offset
+    while (chunk := buffer.read(agent_cursor, next(sizes))) is not None:
+        agent_cursor = chunk.next_offset
+        taken = cursor.take(chunk.offset, chunk.data)
+        if taken is not None:
+            delivered.append(taken[1])
+    assert "".join(delivered) == expected
+    assert cursor.gaps == []

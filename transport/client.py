@@ -19,7 +19,7 @@ only wants the result passes `stream=False`, and no output is buffered at all.
 
 Resume (`reconnect=True`, the default): when the connection is lost (not on `aclose`), the
 client reconnects with exponential backoff and jitter, re-`attach`es every unfinished call from
-the byte offset it had (`from_offset=handle.offset`), and re-sends unanswered requests that are
+the last byte offset it knows exactly (see `OutputCursor`), and re-sends unanswered requests that are
 idempotent by design: `call` (at most once per call id), `attach`, `cancel` (a repeat returns
 the saved result), `turn` (a repeated turn_id attaches) and `interrupt`. Output is de-duplicated
 by byte offset, so every handle sees each byte once, in order, and its one result (one
@@ -235,32 +235,51 @@ class OutputCursor:
 
     One wrinkle: the agent decodes output with replacement, so one U+FFFD in `data` stands for
     1 to 3 raw bytes, and `offset + len(data.encode())` can overshoot the real end of a chunk.
-    While no request of ours has moved the agent's cursor back (`rewound` is False), chunks on
-    one connection are contiguous, so a chunk that starts inside that uncertainty (between
-    `low` and `offset`) tells us where the previous one really ended. After a rewind (a repeated
-    `call`, an `attach`, a reconnect) overlaps are expected and that inference is off: if the
-    last chunk before it held U+FFFD and nothing corrected `offset` yet, up to 2 bytes per
-    U+FFFD are taken as delivered, and a re-attach resumes after them (they are lost). Only
-    the protocol can close that gap: `output` would need to carry its raw byte count.
+    So the cursor also keeps an `anchor`: the last byte offset it knows exactly, and the text
+    delivered since (`since_anchor`). While no request of ours moved the agent's cursor back
+    (`rewound` False), chunks on one connection are contiguous, so a chunk that starts inside
+    the uncertainty (between `low` and `offset`) tells where the previous one really ended, and
+    the anchor moves there. A re-attach resumes from `resume_offset` (the anchor): the agent
+    decodes the same bytes from the same character boundary again, so what it sends starts
+    with `since_anchor`, which is trimmed off: nothing lost, nothing doubled.
     """
 
-    __slots__ = ("gaps", "low", "offset", "rewound")
+    __slots__ = (
+        "anchor",
+        "gaps",
+        "low",
+        "matched",
+        "offset",
+        "replaying",
+        "rewound",
+        "since_anchor",
+    )
 
     def __init__(self, offset: int = 0) -> None:
         self.offset = offset
         self.low = offset  # the least the true next offset can be (< offset only after U+FFFD)
+        self.anchor = offset  # the newest offset known exactly (a chunk start)
+        self.since_anchor = ""  # text delivered from `anchor` on (non-empty only after U+FFFD)
+        self.replaying = False  # re-reading `since_anchor` after a re-attach from the anchor
+        self.matched = 0  # characters of `since_anchor` the replay has repeated so far
         self.gaps: list[tuple[int, int]] = []
         self.rewound = True  # the next chunk may repeat bytes we have
 
+    @property
+    def resume_offset(self) -> int:
+        """Where a re-attach must start so that no byte is skipped."""
+        return self.anchor
+
     def take(self, offset: int, data: str) -> tuple[int, str] | None:
         """The new part of a chunk as (offset, text), or None if it brings nothing new."""
+        if self.replaying or (self.rewound and self.since_anchor and offset == self.anchor):
+            return self._take_replay(offset, data)
         if not self.rewound and self.low <= offset < self.offset:
-            self.offset = offset  # the last chunk ended here: its U+FFFD were single bytes
+            self._settle(offset)  # the last chunk ended here: its U+FFFD were single bytes
         if offset > self.offset:
             self.gaps.append((self.offset, offset))
-            self.offset = offset
+            self._settle(offset)
         raw = data.encode()
-        end = offset + len(raw)
         skip = self.offset - offset
         while skip < len(raw) and 0x80 <= raw[skip] <= 0xBF:
             skip += 1  # never start inside a character
@@ -269,9 +288,53 @@ class OutputCursor:
         self.rewound = False
         text = raw[skip:].decode() if skip else data
         start = offset + skip
-        self.offset = end
-        self.low = end - 2 * text.count("\ufffd")
+        if self.since_anchor or skip:
+            self.since_anchor += text
+        else:
+            self.anchor, self.since_anchor = offset, data
+        self._advance(offset + len(raw))
         return start, text
+
+    def _take_replay(self, offset: int, data: str) -> tuple[int, str] | None:
+        """The agent re-reads from our anchor: the same bytes from the same character boundary
+        decode to the same text, so it repeats `since_anchor` first. Matching is by text, and
+        every chunk start (an exact offset) becomes the new anchor."""
+        self.rewound = False
+        if self.replaying and offset != self.anchor:
+            # Chunks on one connection are contiguous: this one starts exactly where the text
+            # matched so far ends.
+            self.since_anchor = self.since_anchor[self.matched :]
+            self.anchor, self.matched = offset, 0
+        self.replaying = True
+        rest = self.since_anchor[self.matched :]
+        if rest.startswith(data):
+            self.matched += len(data)
+            return None
+        if not data.startswith(rest):
+            # Not what we had: the agent no longer retains those bytes. Take it as new.
+            self.replaying = False
+            self.gaps.append((self.anchor, offset))
+            self.anchor, self.since_anchor = offset, data
+            self._advance(offset + len(data.encode()))
+            return offset, data
+        text = data[len(rest) :]
+        self.replaying, self.matched = False, 0
+        self.since_anchor = data
+        self._advance(offset + len(data.encode()))
+        return self.offset - len(text.encode()), text
+
+    def _settle(self, exact: int) -> None:
+        self.offset = self.low = self.anchor = exact
+        self.since_anchor = ""
+        self.replaying, self.matched = False, 0
+
+    def _advance(self, end: int) -> None:
+        """`since_anchor` now runs from `anchor` to `end` (an upper bound when it holds
+        U+FFFD, each of which may stand for 1 raw byte instead of 3)."""
+        self.offset = end
+        self.low = end - 2 * self.since_anchor.count("\ufffd")
+        if self.low == end:
+            self._settle(end)
 
 
 def _result_of(message: protocol.ResultMessage) -> protocol.Result:
@@ -1200,7 +1263,8 @@ class Client:
             for request in unsent:
                 if request.kind == "attach" and request.handle is not None:
                     attach: protocol.Attach = request.message
-                    attach.from_offset = request.handle.offset if request.handle.stream else 0
+                    handle = request.handle
+                    attach.from_offset = handle._cursor.resume_offset if handle.stream else 0
                 elif request.kind == "cancel":
                     cancel: protocol.Cancel = request.message
                     cancel.call_ids = [
@@ -1229,7 +1293,7 @@ class Client:
                 rid=rid,
                 chat_id=handle.chat_id,
                 call_id=handle.call_id,
-                from_offset=handle.offset if handle.stream else 0,
+                from_offset=handle._cursor.resume_offset if handle.stream else 0,
             )
             request = _Request(rid, "attach", reattach, handle=handle, internal=True)
             await self._resend(request, gen)
