@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -38,8 +39,9 @@ async def serve(
     stderr_path = tmp_path / "serve.stderr"
     full_env = {k: v for k, v in os.environ.items() if k != "TOOLWIRE_TOKEN"} | (env or {})
     full_env["PYTHONPATH"] = str(ROOT)
+    state = str(tmp_path / "state")
     argv = [sys.executable, "-m", "cli.main", "serve", "--port", "0",
-            "--workspace", str(workspace), "--state-dir", str(tmp_path / "state"), *extra]  # fmt: skip
+            "--workspace", str(workspace), "--state-dir", state, *extra]  # fmt: skip
     with stderr_path.open("wb") as stderr:
         process = await trio.lowlevel.open_process(
             argv, stdout=subprocess.PIPE, stderr=stderr, env=full_env, cwd=str(ROOT)
@@ -123,3 +125,47 @@ async def test_insecure_no_auth_says_so_loudly(tmp_path: Path) -> None:
 def test_only_loopback_addresses_count_as_local() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("")
+
+
+async def _toolwire_call(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TOOLWIRE_TOKEN", None)
+    return await trio.run_process(
+        [sys.executable, "-m", "cli.main", "call", *argv],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env,
+        cwd=str(ROOT),
+    )
+
+
+async def test_toolwire_call_streams_output_and_exits_with_the_commands_status(
+    tmp_path: Path,
+) -> None:
+    async with serve(tmp_path) as server:
+        state = tmp_path / "state"
+        done = await _toolwire_call(
+            "--url", server.url, "--state-dir", str(state), "--chat", "term",
+            "execute", '{"command": "echo one; echo two >&2; exit 3"}',
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        assert done.stdout.decode() == "one\ntwo\n"
+        assert "[completed] command exited with code 3" in done.stderr.decode()
+        as_json = await _toolwire_call(
+            "--url", server.url, "--state-dir", str(state), "--json",
+            "read_file", '{"path": "missing.txt"}',
+        )  # fmt: skip
+        assert as_json.returncode == 1
+        result = json.loads(as_json.stdout)
+        assert result["outcome"] == "failed" and "missing.txt" in result["text"]
+        wrong = await _toolwire_call(
+            "--url", server.url, "--token", "nope", "execute", '{"command": "true"}'
+        )
+        assert wrong.returncode == 2 and b"401" in wrong.stderr
+        bad = await _toolwire_call(
+            "--url", server.url, "--state-dir", str(state), "execute", '["not", "an object"]'
+        )
+        assert bad.returncode != 0 and b"must be a JSON object" in bad.stderr
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
