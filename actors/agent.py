@@ -7,6 +7,7 @@ to the chat they name; `""` is the chat-less namespace, a chat of its own.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -76,6 +77,12 @@ class AgentContext:
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     # Where records survive restarts. MemoryJournal keeps nothing (tests, simulations, benches).
     journal: Journal = field(default_factory=MemoryJournal)
+
+    def __post_init__(self) -> None:
+        for name in ("approval_timeout_s", "kill_grace_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
 
 
 # How often the sweeper forgets expired records and exited processes. Forgetting is also checked

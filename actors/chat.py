@@ -103,7 +103,8 @@ class TurnRun:
     call_ids: list[str]
     fingerprint: bytes
     segments: list[list[str]]
-    followers: dict[Outbox, bool] = field(default_factory=dict)  # outbox -> stream
+    # One entry per `turn` request made while the turn runs: each gets its own turn_result.
+    followers: list[Outbox] = field(default_factory=list)
     done: trio.Event = field(default_factory=trio.Event)
     results: list[Result] | None = None
 
@@ -232,6 +233,7 @@ class ChatActor:
             # call (another replica raised the gate): the one reply an `approve` gets.
             outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
         if approved:
+            self.records.unpark(record)
             self._launch(record)
         else:
             self._finish(record, self._plain_result(record, Outcome.DENIED, TEXT_DENIED))
@@ -257,7 +259,7 @@ class ChatActor:
                     f"turn {turn_id!r} was first sent with different calls; "
                     "a repeated turn must repeat the same calls",
                 )
-            self._follow_turn(outbox, existing, stream=stream, rid=rid)
+            self._follow_turn(outbox, existing, stream=stream, rid=rid, created=frozenset())
             return
         if not specs:
             raise ToolwireError("bad_args", "turn: calls must not be empty")
@@ -284,6 +286,7 @@ class ChatActor:
         run = TurnRun(turn_id, [s.call_id for s in specs], fingerprint, segments)
         self.turns[turn_id] = run
         limiter = trio.CapacityLimiter(planner.MAX_PARALLEL_CALLS)
+        created: set[str] = set()
         for spec in specs:
             fp = args_fingerprint(spec.tool, spec.args)
             admission, record = self.records.admit(
@@ -297,6 +300,7 @@ class ChatActor:
             assert record is not None and admission is not Admission.CONFLICT
             record.pinned = True
             if admission is Admission.NEW:
+                created.add(spec.call_id)
                 runtime = CallRuntime(spec=spec, limiter=limiter)
                 try:
                     tool = lookup(spec.tool)
@@ -307,16 +311,19 @@ class ChatActor:
                 record.extra["rt"] = runtime
             elif "rt" not in record.extra:
                 record.extra["rt"] = CallRuntime(spec=spec)
-        self._follow_turn(outbox, run, stream=stream, rid=rid)
+        self._follow_turn(outbox, run, stream=stream, rid=rid, created=frozenset(created))
         self._spawn(self._run_turn, run)
 
     def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
         """Cancel every unresolved call (of the chat, or of one turn) and report when quiet."""
-        targets = [
-            r
-            for r in self.records
-            if not r.done and r.tool is not None and (turn_id is None or r.turn_id == turn_id)
-        ]
+        if turn_id is None:
+            candidates = [r for r in self.records if r.tool is not None]
+        else:
+            # The calls the turn names, also those another turn or a plain call created.
+            run = self.turns.get(turn_id)
+            names = set(run.call_ids) if run is not None else set()
+            candidates = [r for r in self.records if r.turn_id == turn_id or r.call_id in names]
+        targets = [r for r in candidates if not r.done]
         turns = [
             t
             for t in self.turns.values()
@@ -349,15 +356,17 @@ class ChatActor:
         stream: bool,
         rid: Any,
         from_offset: int | None,
+        replay: bool = True,
     ) -> None:
-        """A repeat `call` (from_offset None) or an `attach` of an existing record."""
+        """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
+        turn just created: `replay` False)."""
         runtime = self._runtime(record)
         sub = self._subscribe(outbox, record, stream=stream)
         outbox.put(
             AcceptedEvent(
                 self.chat_id,
                 record.call_id,
-                True,
+                replay,
                 record.state.wire_state,
                 record.requests,
                 rid,
@@ -386,15 +395,32 @@ class ChatActor:
         sub.output_ready()
         sub.results_owed += 1
 
-    def _follow_turn(self, outbox: Outbox, run: TurnRun, *, stream: bool, rid: Any) -> None:
-        run.followers[outbox] = run.followers.get(outbox, False) or stream
+    def _follow_turn(
+        self,
+        outbox: Outbox,
+        run: TurnRun,
+        *,
+        stream: bool,
+        rid: Any,
+        created: frozenset[str],
+    ) -> None:
+        """`created`: the calls this very request admitted as new (accepted with replay false)."""
+        if run.results is None:
+            run.followers.append(outbox)
         outbox.put(TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid))
         for call_id in run.call_ids:
             record = self.records.get(call_id)
             if record is None:
                 continue
             if stream:
-                self._follow(outbox, record, stream=True, rid=None, from_offset=None)
+                self._follow(
+                    outbox,
+                    record,
+                    stream=True,
+                    rid=None,
+                    from_offset=None,
+                    replay=call_id not in created,
+                )
             else:
                 sub = self._subscribe(outbox, record, stream=False)
                 sub.resolved_events = True
@@ -706,7 +732,7 @@ class ChatActor:
             )
         elif action is CancelAction.STOP_RUNNING:
             proc = runtime.process
-            if proc is not None and proc.status is not None:
+            if proc is not None and processes.has_exited(proc):
                 # The command had already exited: the call finished first, so its real result
                 # stands (only a run that was still going is "canceled").
                 record.cancel_requested = False
@@ -759,7 +785,14 @@ class ChatActor:
             await self._runtime(record).done.wait()
         for run in turns:
             await run.done.wait()
-        outbox.put(InterruptedEvent(self.chat_id, turn_id, [r.call_id for r in targets], rid))
+        # The calls this interrupt ended; one that finished on its own first kept its real
+        # result and was not ended by the interrupt.
+        ended = [
+            r.call_id
+            for r in targets
+            if r.result is not None and r.result.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)
+        ]
+        outbox.put(InterruptedEvent(self.chat_id, turn_id, ended, rid))
 
     # -----------------------------------------------------------------------------------------
     # Turns

@@ -70,6 +70,9 @@ class SpawnedProcess(Protocol):
     def signal_group(self, sig: signal.Signals) -> bool:
         """Signal the whole process group; False when no process of it is left."""
 
+    # Optional: `poll_exited() -> bool`, True once the shell has exited even if not reaped yet
+    # (see `has_exited`). Backends without it are judged by their reap alone.
+
     def close(self) -> None:
         """Release OS resources (pipe, pidfd). Idempotent."""
 
@@ -127,6 +130,16 @@ class _RealProcess:
         )
         self._close_fd("_pidfd")
         return self._status
+
+    def poll_exited(self) -> bool:
+        if self._status is not None:
+            return True
+        try:
+            # WNOWAIT: look without reaping; the reap task still collects the status.
+            info = os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
 
     def signal_group(self, sig: signal.Signals) -> bool:
         try:
@@ -278,6 +291,16 @@ class ProcessTable:
 
     def running(self) -> list[ProcessRecord]:
         return [p for p in self._processes.values() if p.running]
+
+
+def has_exited(record: ProcessRecord) -> bool:
+    """True once the command's shell has exited, also in the moment between its exit and its
+    reap task running (a zombie): a cancel arriving then must not call a finished run
+    "canceled", and a signal sent then reaches nothing."""
+    if record.status is not None:
+        return True
+    poll = getattr(record.handle, "poll_exited", None)
+    return bool(poll is not None and poll())
 
 
 async def pump(record: ProcessRecord, on_output: Callable[[ProcessRecord], None]) -> None:

@@ -187,6 +187,13 @@ class RecordTable:
             raise TransitionError(f"cannot park {record.call_id} in {record.state}")
         record.state = RecordState.AWAITING_APPROVAL
 
+    def unpark(self, record: ToolCallRecord) -> None:
+        """The gate was answered yes: the call waits to start like a queued one, and its gate
+        can never be answered again."""
+        if record.state is not RecordState.AWAITING_APPROVAL:
+            raise TransitionError(f"cannot unpark {record.call_id} in {record.state}")
+        record.state = RecordState.QUEUED
+
     def begin(self, record: ToolCallRecord) -> None:
         """The effect starts now. This is the one place `effect_started` is set."""
         if record.state not in (RecordState.QUEUED, RecordState.AWAITING_APPROVAL):
