@@ -19,11 +19,11 @@ only wants the result passes `stream=False`, and no output is buffered at all.
 
 Resume (`reconnect=True`, the default): when the connection is lost (not on `aclose`), the
 client reconnects with exponential backoff and jitter, re-`attach`es every unfinished call from
-the last byte offset it knows exactly (see `OutputCursor`), and re-sends unanswered requests that are
-idempotent by design: `call` (at most once per call id), `attach`, `cancel` (a repeat returns
-the saved result), `turn` (a repeated turn_id attaches) and `interrupt`. Output is de-duplicated
-by byte offset, so every handle sees each byte once, in order, and its one result (one
-exception: invalid UTF-8 right before a connection loss, see `OutputCursor`). `approve` is
+the last byte offset it knows exactly (see `OutputCursor`), and re-sends unanswered requests
+that are idempotent by design: `call` (at most once per call id), `attach`, `cancel` (a repeat
+returns the saved result), `turn` (a repeated turn_id attaches) and `interrupt`. Output is
+de-duplicated by byte offset, so every handle sees each byte once, in order, and its one result
+(also after invalid UTF-8 right before a connection loss, see `OutputCursor`). `approve` is
 not idempotent (a second one is `not_parked`), so an `approve` in flight when the connection
 drops raises `ConnectionLost`: it may or may not have been applied, and the call's events tell.
 If the agent restarted meanwhile (`welcome.boot_id` changed), the client goes on: the agent's
