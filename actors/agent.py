@@ -133,9 +133,8 @@ class Agent:
         if chat is None:
             if self._nursery is None:
                 raise RuntimeError("the agent is not running")
-            chat = self._chat_class(self.ctx, chat_id)
+            chat = self._chat_class(self.ctx, chat_id, self._nursery.start_soon)
             self.chats[chat_id] = chat
-            self._nursery.start_soon(chat.run)
         return chat
 
     # Requests, routed to their chat. Each raises ToolwireError and changes nothing on bad input.

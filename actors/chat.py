@@ -110,9 +110,16 @@ class TurnRun:
 
 
 class ChatActor:
-    def __init__(self, ctx: AgentContext, chat_id: str) -> None:
+    def __init__(
+        self,
+        ctx: AgentContext,
+        chat_id: str,
+        start: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+    ) -> None:
         self.chat_id = chat_id
         self.ctx = ctx
+        # How this chat's task is started (the agent's nursery): on demand, when it has work.
+        self._start_task = start
         self.records = RecordTable()
         self.processes = processes.ProcessTable(
             ctx.backend,
@@ -125,30 +132,47 @@ class ChatActor:
         # execute calls accepted but not spawned yet: each holds a process slot, so a burst of
         # calls within one scheduling tick cannot get past max_processes_per_chat.
         self._launching: set[str] = set()
-        # Cancelled by `sweep` once the chat is idle, so a dropped chat leaves no task behind.
-        self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
+        self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
 
     # -----------------------------------------------------------------------------------------
     # Lifecycle
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        with self._scope:
+    async def run(self) -> None:
+        """The chat's nursery, open while the chat has work: it closes once its last task
+        ended, so ten thousand idle chats hold records but no tasks. `_spawn` opens it again."""
+        self._running = True
+        try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for fn, args in self._pending:
+                pending, self._pending = self._pending, []
+                for fn, args in pending:
                     nursery.start_soon(fn, *args)
-                self._pending.clear()
-                task_status.started()
-                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._running = False
+            if self._pending:
+                self._ensure_running()
+
+    def _ensure_running(self) -> None:
+        if self._running:
+            return
+        if self._start_task is None:
+            raise RuntimeError(f"chat {self.chat_id!r} has no nursery to run its tasks in")
+        self._running = True
+        self._start_task(self.run)
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Start a task in this chat's nursery, even before the nursery has opened."""
-        if self._nursery is None:
-            self._pending.append((fn, args))
-        else:
-            self._nursery.start_soon(fn, *args)
+        """Start a task in this chat's nursery, opening it if the chat was idle."""
+        if self._nursery is not None:
+            try:
+                self._nursery.start_soon(fn, *args)
+                return
+            except RuntimeError:
+                pass  # closing: its last task just ended; queue it for the next opening
+        self._pending.append((fn, args))
+        self._ensure_running()
 
     @property
     def idle(self) -> bool:
@@ -159,6 +183,7 @@ class ChatActor:
             and not self.turns
             and not self._pending
             and not tasks
+            and not self._running
         )
 
     def _now(self) -> float:
@@ -185,7 +210,7 @@ class ChatActor:
         if admission is Admission.NEW:
             self._forget_some()
             runtime = CallRuntime(spec=spec, parsed=parsed)
-            record.extra["rt"] = runtime
+            record.runtime = runtime
             sub = self._subscribe(outbox, record, stream=stream)
             gated = self._gated(spec)
             state = "awaiting_approval" if gated else "running"
@@ -308,9 +333,9 @@ class ChatActor:
                     self._check_options(tool, spec)
                 except ToolwireError as exc:
                     runtime.invalid = exc.message
-                record.extra["rt"] = runtime
-            elif "rt" not in record.extra:
-                record.extra["rt"] = CallRuntime(spec=spec)
+                record.runtime = runtime
+            else:
+                self._runtime(record)  # an existing record: its own runtime, done if published
         self._follow_turn(outbox, run, stream=stream, rid=rid, created=frozenset(created))
         self._spawn(self._run_turn, run)
 
@@ -441,15 +466,19 @@ class ChatActor:
     def _maybe_close_output(self, record: ToolCallRecord) -> None:
         """Shrink a finished process's output to the result's size once no follower lags:
         while its call is followed the full retention stays (PROTOCOL.md 5.2)."""
-        proc = self._runtime(record).process
+        runtime = record.runtime
+        if not isinstance(runtime, CallRuntime):
+            return  # released: its output was closed already
+        proc = runtime.process
         if proc is None or proc.output.closed or not proc.output_closed.is_set():
             return
-        subs = self._runtime(record).subs
+        subs = runtime.subs
         for outbox, sub in list(subs.items()):
             if not sub.active or outbox.closed:
                 del subs[outbox]
         if not any(sub.lagging for sub in subs.values()):
             proc.output.close()
+            self._maybe_release(record)
 
     # -----------------------------------------------------------------------------------------
     # Running
@@ -708,9 +737,8 @@ class ChatActor:
         """Apply one cancel now (PROTOCOL.md 5.3). Returns (received, record); the record is
         DONE at once, or becomes DONE when the stopped run ends."""
         action, record = self.records.cancel(call_id, self._now())
-        runtime = record.extra.get("rt")
         if action is CancelAction.TOMBSTONED:
-            record.extra["rt"] = CallRuntime(spec=CallSpec(call_id, "", {}))
+            record.runtime = CallRuntime(spec=CallSpec(call_id, "", {}))
             proc = self.processes.get(call_id)
             if proc is not None and (proc.running or not proc.output_closed.is_set()):
                 # A process outlives its (forgotten) record: the cancel still stops it, also
@@ -724,7 +752,7 @@ class ChatActor:
                     record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
                 )
             return False, record
-        assert isinstance(runtime, CallRuntime)
+        runtime = self._runtime(record)  # a finished record may have released its runtime
         if action is CancelAction.CLOSED_BEFORE_RUN:
             self._resolve_gate(record, "canceled")
             self._finish(
@@ -848,6 +876,7 @@ class ChatActor:
         result = record.result
         assert result is not None
         runtime = self._runtime(record)
+        record.published = True
         runtime.done.set()
         event = ResultEvent(self.chat_id, record.call_id, result)
         for sub in runtime.subs.values():
@@ -855,10 +884,11 @@ class ChatActor:
                 sub.results_owed -= 1
                 sub.outbox.put_result(sub, event)
         self._maybe_close_output(record)
+        self._maybe_release(record)
         log.debug("call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record))
 
     def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
-        runtime = record.extra.get("rt")
+        runtime = record.runtime
         tool = runtime.spec.tool if isinstance(runtime, CallRuntime) else (record.tool or "")
         return self._result(
             record,
@@ -946,12 +976,30 @@ class ChatActor:
     # Housekeeping
 
     def _runtime(self, record: ToolCallRecord) -> CallRuntime:
-        runtime = record.extra.get("rt")
+        runtime = record.runtime
         if runtime is None:
+            # A finished record released its runtime (see `_maybe_release`); a new follower
+            # gets a fresh one, already done.
             runtime = CallRuntime(spec=CallSpec(record.call_id, record.tool or "", {}))
-            record.extra["rt"] = runtime
+            if record.published:
+                runtime.done.set()
+            if record.tool == "execute":
+                # Its output (head and tail) stays readable while the process is listed.
+                runtime.process = self.processes.get(record.call_id)
+            record.runtime = runtime
         assert isinstance(runtime, CallRuntime)
         return runtime
+
+    def _maybe_release(self, record: ToolCallRecord) -> None:
+        """A finished record keeps only what a replay needs (its result): the runtime with its
+        events, subscriptions and parsed args goes, so idle records stay small (scale: 10,000
+        chats of records). Not while a process's output still waits for lagging followers."""
+        runtime = record.runtime
+        if runtime is None or not record.published:
+            return
+        if runtime.process is not None and not runtime.process.output.closed:
+            return
+        record.runtime = None
 
     def _conflict(self, record: ToolCallRecord) -> ToolwireError:
         return ToolwireError(
@@ -986,7 +1034,7 @@ class ChatActor:
     def _forgotten(self, record: ToolCallRecord) -> None:
         if self.ctx.journal.enabled:
             self.ctx.journal.delete(self.chat_id, record.call_id)
-        runtime = record.extra.get("rt")
+        runtime = record.runtime
         if isinstance(runtime, CallRuntime):
             for sub in runtime.subs.values():
                 sub.active = False
@@ -996,12 +1044,10 @@ class ChatActor:
                 del self.turns[record.turn_id]
 
     def sweep(self) -> None:
-        """Periodic housekeeping: forget old records and exited processes (5.2, 5.4). An idle
-        chat ends its task: the agent drops it, and a later request starts a fresh one."""
+        """Periodic housekeeping: forget old records and exited processes (5.2, 5.4). The agent
+        then drops an idle chat; a later request creates a fresh one."""
         self._forget_some()
         self.processes.sweep(self._now())
-        if self.idle:
-            self._scope.cancel()
 
     def running_processes(self) -> list[processes.ProcessRecord]:
         return self.processes.running()
@@ -1058,7 +1104,7 @@ class ChatActor:
             result=row.result,
             turn_id=row.turn_id,
         )
-        record.extra["rt"] = runtime
+        record.runtime = runtime
         self.records.restore(record)
         if record.state is RecordState.DONE:
             if record.result is None:

@@ -26,7 +26,7 @@ import enum
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -89,8 +89,11 @@ class ToolCallRecord:
     result: Result | None = None
     turn_id: str | None = None
     pinned: bool = False  # a turn still needs this record's result: never forget it yet
-    # Owned by the chat actor (subscriptions, gate, output buffer): opaque to this module.
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Set by the owner once the result is durable and sent to whoever waited for it.
+    published: bool = False
+    # Owned by the chat actor (subscriptions, gate, process, events): opaque to this module.
+    # None once a finished record needs none of it, so idle records stay small.
+    runtime: Any = None
 
     @property
     def done(self) -> bool:

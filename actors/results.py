@@ -45,7 +45,9 @@ class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
     output: str = ""
 
 
-class Result(msgspec.Struct, frozen=True, kw_only=True):
+class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    # gc=False: a Result holds only immutable values and plain data, never a cycle, so the
+    # garbage collector need not track the (many) saved results: less memory, shorter GC passes.
     """The one saved, truthful result of a tool call (PROTOCOL.md section 4, Result)."""
 
     tool: str

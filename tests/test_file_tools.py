@@ -191,12 +191,17 @@ def test_module_does_not_import_trio() -> None:
 # --- read_file ----------------------------------------------------------------------------------
 
 
+def content(report: ToolReport) -> str:
+    assert report.data is not None, report.text
+    return str(report.data["content"])
+
+
 def test_read_whole_file(ws: Path) -> None:
     (ws / "a.txt").write_bytes(b"one\ntwo\nthree\n")
     r = read(ws, "a.txt")
     assert r.outcome is Outcome.COMPLETED
     assert r.data == {"content": "one\ntwo\nthree\n", "lines": 3, "total_lines": 3}
-    assert r.output == "one\ntwo\nthree\n"
+    assert r.output == ""  # the content travels once, in data
     assert r.text == "read 3 of 3 lines of a.txt"
 
 
@@ -295,12 +300,12 @@ def test_read_resolves_absolute_and_tilde_paths(
     ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "outside.txt").write_text("abs\n")
-    assert read(ws, str(tmp_path / "outside.txt")).output == "abs\n"
+    assert content(read(ws, str(tmp_path / "outside.txt"))) == "abs\n"
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert read(ws, "~/outside.txt").output == "abs\n"
+    assert content(read(ws, "~/outside.txt")) == "abs\n"
     (ws / "sub").mkdir()
     (ws / "sub" / "in.txt").write_text("rel\n")
-    assert read(ws, "sub/../sub/in.txt").output == "rel\n"
+    assert content(read(ws, "sub/../sub/in.txt")) == "rel\n"
 
 
 _pieces = st.sampled_from(["a", "bc", "é", "💥", "\n", "\n", "\r", "\r\n", "\u2028", "\x0c", " "])
@@ -321,7 +326,7 @@ def test_read_matches_list_slicing(text: str, offset: int | None, limit: int | N
     want = model[start:] if limit is None else model[start : start + limit]
     assert r.outcome is Outcome.COMPLETED
     assert r.data == {"content": "".join(want), "lines": len(want), "total_lines": len(model)}
-    assert r.output == "".join(want)
+    assert r.output == ""
 
 
 # --- write_file ---------------------------------------------------------------------------------
@@ -662,9 +667,7 @@ def test_search_regex_reports_relative_paths_in_sorted_order(tree: Path) -> None
         ],
         "truncated": False,
     }
-    assert r.output == "src/app.py:2: def main():\nsrc/pkg/util.py:1: def helper():\n" + (
-        "top.py:1: def top(): ...\n"
-    )
+    assert r.output == ""  # the matches travel once, in data
     assert r.text.startswith("found 3 matches in 3 files")
 
 

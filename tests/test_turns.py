@@ -645,7 +645,7 @@ async def limiter_holds(
     neither has an event to await: polled."""
     records = [live.agent.chats[CHAT].records.get(call_id) for call_id in call_ids]
     assert all(r is not None for r in records)
-    runtime = records[0].extra["rt"] if records[0] is not None else None
+    runtime = records[0].runtime if records[0] is not None else None
     assert isinstance(runtime, CallRuntime) and runtime.limiter is not None
     limiter = runtime.limiter
     assert limiter.total_tokens == 8

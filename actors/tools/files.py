@@ -340,7 +340,9 @@ def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
         if n < total:
             text += f" (lines {start}-{start + n - 1})"
         text += note
-    return _completed(text, data, output=content)
+    # The content travels once, in data.content: PROTOCOL.md gives `output` to tools that have
+    # process output, and a 256 KiB read must not be sent (and kept) twice.
+    return _completed(text, data)
 
 
 # --- atomic writes ------------------------------------------------------------------------------
@@ -770,8 +772,7 @@ def _search_files(workspace: str, args: SearchFilesArgs, max_matches: int) -> To
     if state.unreadable:
         skipped = _plural(state.unreadable, "file or directory", "files or directories")
         text += f"; could not read {skipped}"
-    output = "".join(f"{m['path']}:{m['line']}: {m['text']}\n" for m in state.matches)
-    return _completed(text, {"matches": state.matches, "truncated": state.truncated}, output)
+    return _completed(text, {"matches": state.matches, "truncated": state.truncated})
 
 
 def _walk_files(root: str, state: _SearchState) -> Iterator[tuple[str, str]]:
