@@ -675,7 +675,7 @@ class ChatActor:
             self._output_arrived(record)
 
         self._spawn(self._pump, proc, on_output, record)
-        self._spawn(processes.reap, proc, self.ctx.wall_ms, lambda _p: None)
+        self._spawn(processes.reap, proc, self.ctx.wall_ms, self.processes.exited)
         if runtime.spec.background:
             self._finish(record, self._execute_result(record, proc, Outcome.COMPLETED))
             return

@@ -229,6 +229,9 @@ class ProcessTable:
         self._retention_bytes = retention_bytes
         self._result_bytes = result_bytes
         self._processes: dict[str, ProcessRecord] = {}
+        # The running ones, kept apart: exited processes stay listed for an hour, and the
+        # per-spawn limit check must not walk all of them (O(1), not O(listed)).
+        self._running: dict[str, ProcessRecord] = {}
 
     def __len__(self) -> int:
         return len(self._processes)
@@ -237,7 +240,7 @@ class ProcessTable:
         return self._processes.get(process_id)
 
     def running_count(self) -> int:
-        return sum(1 for p in self._processes.values() if p.running)
+        return len(self._running)
 
     def at_limit(self) -> bool:
         return self.running_count() >= self._max_running
@@ -274,6 +277,7 @@ class ProcessTable:
             # but never orphan a live process silently.
             old.handle.signal_group(signal.SIGKILL)
         self._processes[process_id] = record
+        self._running[process_id] = record
         return record
 
     def sweep(self, now: float) -> list[str]:
@@ -290,7 +294,12 @@ class ProcessTable:
         return gone
 
     def running(self) -> list[ProcessRecord]:
-        return [p for p in self._processes.values() if p.running]
+        return list(self._running.values())
+
+    def exited(self, record: ProcessRecord) -> None:
+        """The reap of `record` saw its shell exit (pass as `reap`'s on_exit)."""
+        if self._running.get(record.process_id) is record:
+            del self._running[record.process_id]
 
 
 def has_exited(record: ProcessRecord) -> bool:
