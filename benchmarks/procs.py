@@ -1,0 +1,141 @@
+"""Benchmark servers in their own processes, and what /proc says about a process.
+
+The transport measurements put client and server in separate processes (as the issue's
+reference figures were measured): `ServerProcess` runs `python -m benchmarks.<module>` on
+127.0.0.1 with port 0 and reads the bound port from the `PORT <n>` line it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# A server that has not printed its port by then is broken, not slow (imports take ~0.3 s).
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a benchmark subprocess: this checkout first on the import path."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
+    return env
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (its own threads, not its children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: split after its closing parenthesis.
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class ServerProcess:
+    """`python -m <module> <args>` serving on 127.0.0.1; `.port` once it is ready."""
+
+    def __init__(self, python: str, module: str, args: list[str], workdir: Path) -> None:
+        self.module = module
+        fd, log_name = tempfile.mkstemp(
+            prefix=module.rsplit(".", 1)[-1] + "-", suffix=".log", dir=workdir
+        )
+        self._log_path = Path(log_name)
+        self._log = os.fdopen(fd, "wb")  # closed in stop()
+        self.proc = subprocess.Popen(
+            [python, "-m", module, *args],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            cwd=str(workdir),
+            env=child_env(),
+        )
+        self.port = self._read_port()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read_port(self) -> int:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        line = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                line = self.proc.stdout.readline()
+                if line.startswith(b"PORT "):
+                    return int(line.split()[1])
+                if not line:
+                    break
+            elif self.proc.poll() is not None:
+                break
+        self.stop()
+        raise RuntimeError(
+            f"{self.module} did not report its port (last line {line!r}); "
+            f"see {self._log_path}: {self._log_path.read_text()[-2000:]}"
+        )
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def rss_bytes(self) -> int:
+        return rss_bytes(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class CpuMeter:
+    """CPU seconds spent by this process and by one server process over a timed section."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self._client0 = 0.0
+        self._server0 = 0.0
+        self.client_s = 0.0
+        self.server_s = 0.0
+
+    def start(self) -> None:
+        self._client0 = time.process_time()
+        self._server0 = cpu_seconds(self.server_pid) if self.server_pid else 0.0
+
+    def stop(self) -> None:
+        self.client_s = time.process_time() - self._client0
+        if self.server_pid:
+            self.server_s = cpu_seconds(self.server_pid) - self._server0

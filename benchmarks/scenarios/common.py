@@ -1,0 +1,128 @@
+"""Helpers the scenarios share: servers to start, timed sections, the files the calls read."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from benchmarks.core import BenchContext, Measurement
+from benchmarks.procs import CpuMeter, ServerProcess
+from benchmarks.wire import WsConn, ws_connect
+
+# The "trivial call": read_file of a small file (5 lines, 300 bytes).
+SMALL_FILE = "small.txt"
+SMALL_FILE_TEXT = "".join(
+    f"line {i:02d} of a small file for the trivial call bench\n" for i in range(5)
+)
+TRIVIAL_ARGS = {"path": SMALL_FILE}
+
+
+@dataclass
+class Timed:
+    """One timed section: operations done, wall seconds, CPU seconds of both ends, wire bytes."""
+
+    ops: int
+    seconds: float
+    client_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+    wire_bytes: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    def record(self, m: Measurement) -> None:
+        """Add this repeat to `m`: the rate, and per operation: CPU microseconds, bytes."""
+        ops = max(self.ops, 1)
+        extra: dict[str, float] = {
+            "client_cpu_us_per_op": self.client_cpu_s * 1e6 / ops,
+            "seconds": self.seconds,
+        }
+        if self.server_cpu_s:
+            extra["server_cpu_us_per_op"] = self.server_cpu_s * 1e6 / ops
+        if self.wire_bytes:
+            extra["wire_bytes_per_op"] = self.wire_bytes / ops
+        m.add(self.rate, **extra)
+
+
+def make_workspace(ctx: BenchContext) -> Path:
+    workspace = ctx.scratch("workspace")
+    (workspace / SMALL_FILE).write_text(SMALL_FILE_TEXT)
+    return workspace
+
+
+@dataclass
+class Servers:
+    token: str
+    workspace: Path
+    procs: dict[str, ServerProcess]
+
+    def __getitem__(self, name: str) -> ServerProcess:
+        return self.procs[name]
+
+
+@contextmanager
+def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
+    """Start the named servers as subprocesses (sharing one workspace and token); stop them
+    after. `echo`: raw trio-websocket echo; `toolwire`: the agent, memory journal;
+    `toolwire-sqlite`: the agent with the SQLite journal of `toolwire serve` (a state dir of its
+    own); `http`: the request/response baseline on the same actors."""
+    token = secrets.token_urlsafe(24)
+    workspace = make_workspace(ctx)
+    modules = {
+        "echo": ("benchmarks.echo_server", []),
+        "toolwire": ("benchmarks.toolwire_server", [f"--workspace={workspace}"]),
+        "toolwire-sqlite": (
+            "benchmarks.toolwire_server",
+            [
+                f"--workspace={workspace}",
+                "--journal=sqlite",
+                f"--state-dir={ctx.scratch('state')}",
+            ],
+        ),
+        "http": ("benchmarks.http_baseline", [f"--workspace={workspace}"]),
+    }
+    procs: dict[str, ServerProcess] = {}
+    try:
+        for name in names:
+            module, args = modules[name]
+            if name != "echo":
+                args = [*args, f"--token={token}"]  # `=`: a token may start with "-"
+            ctx.report(f"starting {module}")
+            procs[name] = ServerProcess(ctx.python, module, args, ctx.workdir)
+        yield Servers(token, workspace, procs)
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def timed_ws(
+    server: ServerProcess,
+    body: Callable[[WsConn], Awaitable[int]],
+    *,
+    token: str | None = None,
+    subprotocol: str | None = None,
+    warmup: Callable[[WsConn], Awaitable[object]] | None = None,
+) -> Timed:
+    """Connect, warm up, then time `body` (which returns how many operations it did)."""
+
+    async def main() -> Timed:
+        async with ws_connect(server.port, token=token, subprotocol=subprotocol) as conn:
+            if warmup is not None:
+                await warmup(conn)
+            conn.counter.reset()
+            meter = CpuMeter(server.pid)
+            meter.start()
+            t0 = time.perf_counter()
+            ops = await body(conn)
+            seconds = time.perf_counter() - t0
+            meter.stop()
+            return Timed(ops, seconds, meter.client_s, meter.server_s, conn.counter.total)
+
+    return trio.run(main)

@@ -1,0 +1,272 @@
+"""Scenario `scale`: memory of many idle chats, and many processes running at once.
+
+- Memory: `benchmarks.scale_worker` (a fresh process; the agent driven in-process, no server)
+  creates 10,000 chats with 10 finished `read_file` records each and reports its RSS, the cost
+  per chat (with its first record) and per further record.
+- Processes: one WebSocket to the toolwire server process starts 1,000 `sleep 2` calls at once
+  (`stream: false`), spread over chats of at most 50 (max_processes_per_chat is 64), and checks
+  that every call completed with exit code 0. The peak held at once is the largest overlap of
+  the results' [started_at, finished_at] intervals (the agent's own clock, in ms); this client
+  also samples the server's live children from /proc every 20 ms, and its RSS. The baseline runs
+  the same sleeps with `trio.run_process` in this process, timing each the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import trio
+
+from benchmarks.core import BenchContext, Comparison, Goal, Measurement, ScenarioResult, rotated
+from benchmarks.procs import ServerProcess, child_env, rss_bytes
+from benchmarks.scenarios.common import make_workspace, servers
+from benchmarks.wire import Codec, UnexpectedReply, ws_connect
+
+MB = 1024 * 1024
+CALLS_PER_CHAT = 50
+SAMPLE_INTERVAL_S = 0.02
+
+
+def run(ctx: BenchContext) -> ScenarioResult:
+    res = ScenarioResult()
+    chats = ctx.size(10_000, 200)
+    records = 10
+    n_procs = ctx.size(1_000, 40)
+    # Long enough that the last of the 1,000 has started before the first ends: spawning them
+    # takes toolwire ~2 s on this loaded 2-core machine (trio ~1 s).
+    sleep_s = ctx.seconds(3.0, 0.5)
+    repeats = ctx.repeats(2)
+    res.params = {
+        "chats": chats,
+        "records_per_chat": records,
+        "record": "read_file of a 300-byte file, finished",
+        "memory_driver": "in-process Agent in a fresh subprocess (benchmarks.scale_worker)",
+        "processes": n_procs,
+        "process_command": f"sleep {sleep_s:g}",
+        "calls_per_chat": CALLS_PER_CHAT,
+        "repeats": repeats,
+    }
+    m_rss = res.measurement(
+        "rss_mb", f"RSS with {chats:,} chats x {records} records", "MiB", higher_is_better=False
+    )
+    m_chat = res.measurement(
+        "bytes_per_chat",
+        "memory per chat (with its first record)",
+        "bytes",
+        higher_is_better=False,
+    )
+    m_record = res.measurement(
+        "bytes_per_record", "memory per further finished record", "bytes", higher_is_better=False
+    )
+    m_done = res.measurement("procs_completed", f"of {n_procs} processes, completed", "processes")
+    m_peak = res.measurement("procs_peak", "processes alive at once (peak)", "processes")
+    m_wall = res.measurement(
+        "procs_wall_s",
+        f"wall time, {n_procs} x sleep {sleep_s:g}, toolwire",
+        "s",
+        higher_is_better=False,
+    )
+    m_trio_wall = res.measurement(
+        "trio_procs_wall_s",
+        f"wall time, {n_procs} x sleep {sleep_s:g}, bare trio",
+        "s",
+        higher_is_better=False,
+    )
+    m_trio_peak = res.measurement("trio_procs_peak", "bare trio: alive at once (peak)", "processes")
+    workspace = make_workspace(ctx)
+
+    with servers(ctx, "toolwire") as srv:
+        server = srv["toolwire"]
+
+        def memory(r: int) -> None:
+            out = _scale_worker(ctx, workspace, chats, records)
+            if out["records_done"] != chats * records:
+                raise UnexpectedReply(f"scale worker: {out}")
+            m_rss.add(out["rss_all_bytes"] / MB, rss_start_mib=out["rss_start_bytes"] / MB)
+            m_chat.add(out["per_chat_bytes"])
+            m_record.add(out["per_record_bytes"], result_msgpack_bytes=out["result_msgpack_bytes"])
+
+        def toolwire_procs(r: int) -> None:
+            trio.run(
+                _toolwire_procs,
+                server,
+                srv.token,
+                f"procs-{r}",
+                n_procs,
+                sleep_s,
+                m_done,
+                m_peak,
+                m_wall,
+            )
+
+        def trio_procs(r: int) -> None:
+            trio.run(_trio_procs, n_procs, sleep_s, m_trio_wall, m_trio_peak)
+
+        variants = [memory, toolwire_procs, trio_procs]
+        for r in range(repeats):
+            for variant in rotated(variants, r):
+                ctx.report(f"scale: repeat {r + 1}/{repeats}")
+                variant(r)
+
+    res.comparisons = [
+        Comparison(
+            f"RSS of {chats:,} idle chats with {records} finished records each",
+            "rss_mb",
+            None,
+            goal=Goal("value<", 100.0, "< 100 MiB"),
+        ),
+        Comparison(
+            f"{n_procs:,} concurrent processes: completed, none lost",
+            "procs_completed",
+            None,
+            goal=Goal("value>=", float(n_procs), f"all {n_procs:,}"),
+        ),
+        Comparison(
+            f"{n_procs:,} concurrent processes: peak alive at once vs bare trio",
+            "procs_peak",
+            "trio_procs_peak",
+            goal=Goal("value>=", float(n_procs), f"{n_procs:,} held"),
+        ),
+        Comparison(
+            f"{n_procs:,} x sleep {sleep_s:g}: wall time vs bare trio",
+            "procs_wall_s",
+            "trio_procs_wall_s",
+        ),
+    ]
+    return res
+
+
+def _scale_worker(ctx: BenchContext, workspace: Path, chats: int, records: int) -> dict[str, float]:
+    argv = [
+        ctx.python,
+        "-m",
+        "benchmarks.scale_worker",
+        "--workspace",
+        str(workspace),
+        "--chats",
+        str(chats),
+        "--records",
+        str(records),
+    ]
+    out = subprocess.run(
+        argv, capture_output=True, text=True, env=child_env(), cwd=ctx.workdir, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scale_worker failed: {out.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an end at t closes before a start at t opens)."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    best = current = 0
+    for _, step in edges:
+        current += step
+        best = max(best, current)
+    return best
+
+
+def _children(pid: int) -> int:
+    """How many children `pid` has right now (Linux /proc/<pid>/task/*/children)."""
+    count = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                count += len(f.read().split())
+    except OSError:
+        pass
+    return count
+
+
+async def _sample_peak(pid: int, peak: list[int], rss: list[int] | None = None) -> None:
+    """Sample until cancelled: the most children `pid` had beyond those it had at the start."""
+    before = _children(pid)
+    while True:
+        peak[0] = max(peak[0], _children(pid) - before)
+        if rss is not None:
+            with contextlib.suppress(OSError):
+                rss[0] = max(rss[0], rss_bytes(pid))
+        await trio.sleep(SAMPLE_INTERVAL_S)
+
+
+async def _toolwire_procs(
+    server: ServerProcess,
+    token: str,
+    chat_prefix: str,
+    n: int,
+    sleep_s: float,
+    m_done: Measurement,
+    m_peak: Measurement,
+    m_wall: Measurement,
+) -> None:
+    codec = Codec("json")
+    command = f"sleep {sleep_s:g}"
+    frames = [
+        codec.call(
+            f"{chat_prefix}-{i // CALLS_PER_CHAT}",
+            f"s{i}",
+            "execute",
+            {"command": command},
+            stream=False,
+        )
+        for i in range(n)
+    ]
+    peak = [0]
+    rss = [0]
+    completed = 0
+    intervals: list[tuple[float, float]] = []
+    async with (
+        ws_connect(server.port, token=token, subprotocol=codec.subprotocol) as conn,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_sample_peak, server.pid, peak, rss)
+        t0 = time.perf_counter()
+        for frame in frames:
+            await conn.ws.send_message(frame)
+        results = 0
+        while results < n:
+            message = codec.decode(await conn.ws.get_message())
+            if message.type == "error":
+                raise UnexpectedReply(f"error {message.code}: {message.message}")
+            if message.type != "result":
+                continue
+            results += 1
+            data = message.data if isinstance(message.data, dict) else {}
+            if message.outcome == "completed" and data.get("exit_code") == 0:
+                completed += 1
+            if message.started_at is not None and message.finished_at is not None:
+                intervals.append((message.started_at, message.finished_at))
+        wall = time.perf_counter() - t0
+        nursery.cancel_scope.cancel()
+    m_done.add(completed)
+    m_peak.add(
+        max_overlap(intervals), sampled_children_peak=peak[0], server_rss_peak_mib=rss[0] / MB
+    )
+    m_wall.add(wall)
+
+
+async def _trio_procs(n: int, sleep_s: float, m_wall: Measurement, m_peak: Measurement) -> None:
+    peak = [0]
+    intervals: list[tuple[float, float]] = []
+
+    async def one() -> None:
+        start = time.time() * 1000
+        await trio.run_process(["sleep", f"{sleep_s:g}"])
+        intervals.append((start, time.time() * 1000))
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(_sample_peak, os.getpid(), peak)
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(one)
+        wall = time.perf_counter() - t0
+        outer.cancel_scope.cancel()
+    m_wall.add(wall)
+    m_peak.add(max_overlap(intervals), sampled_children_peak=peak[0])

@@ -1,0 +1,44 @@
+"""A toolwire agent and WebSocket server for the benchmarks (`python -m benchmarks.toolwire_server
+--workspace DIR --token TOKEN [--journal memory|sqlite --state-dir DIR]`): the same `Agent` and
+`Server` as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM
+shuts it down like `serve`. The journal defaults to `memory` (`serve` defaults to `sqlite`): the
+journal's own cost is the subject of its own scenario, and every other scenario leaves it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+import trio
+
+from actors.agent import Agent, AgentContext
+from actors.journal import open_journal
+from transport.server import Server, ServerConfig
+
+
+async def main(workspace: str, token: str, journal: str = "memory", state_dir: str = "") -> None:
+    ctx = AgentContext(
+        workspace=workspace, journal=open_journal(journal, Path(state_dir) if state_dir else None)
+    )
+    async with trio.open_nursery() as nursery:
+        agent = await nursery.start(Agent(ctx).run)
+        server = Server(agent, ServerConfig(host="127.0.0.1", port=0, token=token))
+        port = await nursery.start(server.serve)
+        print(f"PORT {port}", flush=True)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        await server.shutdown(0.5)
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--journal", choices=["memory", "sqlite"], default="memory")
+    parser.add_argument("--state-dir", default="")
+    args = parser.parse_args()
+    trio.run(main, args.workspace, args.token, args.journal, args.state_dir)

@@ -1,0 +1,81 @@
+"""`toolwire bench --quick` end to end, so the suite does not rot. Benchmarks are not tests: the
+numbers are checked for being there and being numbers, never for how fast anything was."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from benchmarks.core import Comparison, Goal, Measurement, percentile
+from benchmarks.runner import SCENARIOS
+from benchmarks.scenarios.scale import max_overlap
+from cli.main import main
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+
+    [json_file] = tmp_path.glob("bench-*.json")
+    doc = json.loads(json_file.read_text())
+    assert doc["quick"] is True
+    machine = doc["machine"]
+    assert machine["cores"] >= 1 and machine["python"]
+    assert set(machine["packages"]) >= {"trio", "trio-websocket", "msgspec"}
+
+    assert set(doc["scenarios"]) == set(SCENARIOS)
+    for name, scenario in doc["scenarios"].items():
+        assert "error" not in scenario, (name, scenario.get("error"))
+        assert scenario["measurements"], name
+        for key, m in scenario["measurements"].items():
+            assert m["repeats"] and all(_number(v) for v in m["repeats"]), (name, key)
+            assert _number(m["median"]), (name, key)
+            if "p50" in m:
+                assert _number(m["p50"]) and _number(m["p99"]), (name, key)
+        assert scenario["comparisons"], name
+        for row in scenario["comparisons"]:
+            assert _number(row["toolwire_value"]), (name, row["label"])
+            if row["baseline"] is not None:
+                assert _number(row["baseline_value"]) and _number(row["ratio"]), row["label"]
+            if row["goal"] is not None:
+                assert isinstance(row["met"], bool), row["label"]
+
+    [md_file] = tmp_path.glob("bench-*.md")
+    text = md_file.read_text()
+    assert "| scenario | comparison | toolwire | baseline | ratio | goal | met? |" in text
+    for name in SCENARIOS:
+        assert f"### {name}" in text
+    if doc.get("plots_skipped") is None:
+        assert len(list(tmp_path.glob("bench-*.png"))) == len(SCENARIOS)
+
+
+def test_bench_rejects_an_unknown_scenario(tmp_path: Path) -> None:
+    assert main(["bench", "--quick", "--out", str(tmp_path), "--only", "nope"]) == 2
+    assert not list(tmp_path.glob("bench-*.json"))
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([0.0, 10.0], 99) == 9.9
+    assert math.isnan(percentile([], 50))
+
+
+def test_comparison_ratio_goal_and_per_repeat_spread() -> None:
+    tw = Measurement("tw", "toolwire", "calls/s", values=[10.0, 20.0, 30.0])
+    base = Measurement("base", "baseline", "calls/s", values=[20.0, 20.0, 20.0])
+    row = Comparison("x", "tw", "base", goal=Goal("ratio>=", 0.5, ">= 0.5x")).evaluate(
+        {"tw": tw, "base": base}
+    )
+    assert row["ratio"] == 1.0 and row["met"] is True
+    assert (row["ratio_min"], row["ratio_max"]) == (0.5, 1.5)
+
+
+def test_max_overlap_counts_intervals_open_at_once() -> None:
+    assert max_overlap([]) == 0
+    assert max_overlap([(0, 10), (5, 15), (9, 20)]) == 3
+    assert max_overlap([(0, 5), (5, 10)]) == 1  # an end closes before a start at the same time
