@@ -323,6 +323,10 @@ async def pump(record: ProcessRecord, on_output: Callable[[ProcessRecord], None]
             record.output.append(data)
             on_output(record)
             record.notify()
+            # A fast producer keeps the pipe readable, so read_some never waits: yield after
+            # each append, or the senders starve and a fast follower sees retention jumps.
+            # (After the append: a checkpoint inside a read could reorder appended chunks.)
+            await trio.lowlevel.checkpoint()
     finally:
         record.output_closed.set()
         if record.status is not None:

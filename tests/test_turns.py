@@ -692,10 +692,10 @@ async def test_at_most_eight_calls_of_a_segment_run_at_once(live: LiveServer) ->
     results = done["results"]
     assert all(r["outcome"] == "completed" for r in results)
     assert all(r["data"]["running"] is False and r["data"]["signal"] == "SIGKILL" for r in results)
-    early = [r for r in results if r["started_at"] <= kill_ms]
-    late = [r for r in results if r["started_at"] >= kill_ms]
-    assert len(early) == 8 and len(late) >= 4, [r["started_at"] for r in results]
-    assert len([r for r in results if r["started_at"] < kill_ms]) <= 8
+    # Eight started no later than the kill, the other four no earlier (a start in the very
+    # millisecond of the kill may tie on either side, hence <= and >=).
+    starts = sorted(r["started_at"] for r in results)
+    assert starts[7] <= kill_ms <= starts[8], (kill_ms, starts)
 
 
 # --- section 8 file tools through turns -----------------------------------------------------------

@@ -24,6 +24,8 @@ from trio_websocket import (
     WebSocketRequest,
     wrap_server_stream,
 )
+from wsproto.events import BytesMessage, TextMessage
+from wsproto.utilities import LocalProtocolError
 
 from actors import events
 from actors.agent import Agent
@@ -178,6 +180,47 @@ class Server:
         return False
 
 
+class BatchWriter:
+    """Sends a batch of messages as one write: each becomes its own WebSocket frame (one
+    protocol message per WebSocket message), but all frames of the batch are made at once and
+    appended to the stream under the connection's send lock in one go.
+
+    Why: `WebSocketConnection.send_message` takes the send lock per message, and taking it is a
+    scheduler checkpoint, so every message costs a task switch and usually its own `send`
+    syscall. Per-message overhead, not the codec, bounds small-message throughput (issue 6).
+    This uses two internals of trio-websocket (its wsproto connection and its send lock), which
+    is why pyproject.toml pins trio-websocket; the framing and locking rules are exactly the ones
+    `send_message` follows, so frames from the reader (pongs, close) never interleave with ours.
+    """
+
+    def __init__(self, ws: WebSocketConnection, stream: WriteBufferedStream) -> None:
+        self._ws = ws
+        self._stream = stream
+        self._wsproto = ws._wsproto
+        self._lock: trio.StrictFIFOLock = ws._stream_lock
+
+    async def send(self, payloads: list[str | bytes]) -> None:
+        if not payloads:
+            return
+        ws = self._ws
+        if ws._close_reason is not None:
+            raise ConnectionClosed(ws._close_reason)
+        try:
+            frames = b"".join(
+                self._wsproto.send(
+                    TextMessage(data=payload)
+                    if isinstance(payload, str)
+                    else BytesMessage(data=payload)
+                )
+                for payload in payloads
+            )
+        except LocalProtocolError:
+            # The connection started closing under us: like send_message, report it closed.
+            raise ConnectionClosed(ws._close_reason) from None
+        async with self._lock:
+            await self._stream.send_all(frames)
+
+
 class Session:
     """One connection: its outbox, its reader, sender and keepalive tasks."""
 
@@ -298,13 +341,12 @@ class Session:
     async def _sender(self) -> None:
         outbox = self.outbox
         encode = self.codec.encode
-        send = self.ws.send_message
+        writer = BatchWriter(self.ws, self.stream)
         while True:
             await outbox.wait()
             if outbox.closed:
                 return
-            for event in outbox.take(SEND_BATCH_EVENTS):
-                await send(encode(to_wire(event)))
+            await writer.send([encode(to_wire(event)) for event in outbox.take(SEND_BATCH_EVENTS)])
             # Backpressure: a client that does not read stops us here, not its calls.
             await self.stream.wait_writable(SEND_HIGH_WATER_BYTES)
 
