@@ -284,6 +284,11 @@ class ChatActor:
                     f"turn {turn_id!r} was first sent with different calls; "
                     "a repeated turn must repeat the same calls",
                 )
+            for call_id in existing.call_ids:
+                # The repeat names each of its calls again: it counts and touches like a call.
+                record = self.records.attach(call_id, self._now())
+                if record is not None:
+                    self._journal_touch(record)
             self._follow_turn(outbox, existing, stream=stream, rid=rid, created=frozenset())
             return
         if not specs:
@@ -832,16 +837,21 @@ class ChatActor:
                     for call_id in segment:
                         nursery.start_soon(self._run_turn_call, call_id)
         finally:
-            results: list[Result] = []
+            # Also when cancelled (the agent is stopping or crashed): nothing pins them now.
             for call_id in run.call_ids:
                 record = self.records.get(call_id)
-                assert record is not None and record.result is not None, call_id
-                results.append(record.result)
-                record.pinned = False
-            run.results = results
-            for outbox in run.followers:
-                outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
-            run.done.set()
+                if record is not None:
+                    record.pinned = False
+        # Every segment ran to its end, so every call has its one published result.
+        results: list[Result] = []
+        for call_id in run.call_ids:
+            record = self.records.get(call_id)
+            assert record is not None and record.result is not None, call_id
+            results.append(record.result)
+        run.results = results
+        for outbox in run.followers:
+            outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
+        run.done.set()
 
     async def _run_turn_call(self, call_id: str) -> None:
         record = self.records.get(call_id)
