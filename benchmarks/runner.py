@@ -24,7 +24,7 @@ from rich.table import Table
 from benchmarks import report
 from benchmarks.core import BenchContext, ScenarioResult
 from benchmarks.machine import load_average, machine_info
-from benchmarks.scenarios import process, reqresp, scale, streaming, transport
+from benchmarks.scenarios import journal, process, reqresp, scale, streaming, transport
 
 DEFAULT_OUT = Path("bench-results")
 
@@ -44,6 +44,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("process", "execute true vs trio.run_process and posix_spawn", process.run),
         Scenario("streaming", "a 200 MB output vs a plain trio pipe read", streaming.run),
         Scenario("scale", "10,000 idle chats, 1,000 concurrent processes", scale.run),
+        Scenario("journal", "calls with the sqlite journal vs the memory journal", journal.run),
     )
 }
 
