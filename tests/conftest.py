@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -58,3 +58,24 @@ async def live(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveServe
     server = await start_server(nursery, workspace)
     yield server
     await server.agent.stop_processes(0.5)
+
+
+MakeServer = Callable[..., Awaitable[LiveServer]]
+
+
+@pytest.fixture
+async def make_server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[MakeServer]:
+    """Servers with their own limits, policy or kill grace (keyword arguments of
+    `start_server`), each with a workspace of its own; their processes are stopped after."""
+    servers: list[LiveServer] = []
+
+    async def make(**kwargs: Any) -> LiveServer:
+        workspace = tmp_path / f"ws{len(servers)}"
+        workspace.mkdir()
+        server = await start_server(nursery, workspace, **kwargs)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        await server.agent.stop_processes(0.5)

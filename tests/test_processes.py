@@ -6,37 +6,17 @@ processes; plus the process table's ordering with a scripted backend (no process
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-import pytest
 import trio
 
 from actors.agent import Limits
 from actors.processes import ExitStatus, ProcessTable
-from tests.conftest import LiveServer, start_server
+from tests.conftest import LiveServer, MakeServer
 from tests.wsclient import Message, RawConn
 
 TEST_DEADLINE_S = 10.0
-
-MakeServer = Callable[..., Awaitable[LiveServer]]
-
-
-@pytest.fixture
-async def make_server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[MakeServer]:
-    servers: list[LiveServer] = []
-
-    async def make(**kwargs: Any) -> LiveServer:
-        workspace = tmp_path / f"ws{len(servers)}"
-        workspace.mkdir()
-        server = await start_server(nursery, workspace, **kwargs)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        await server.agent.stop_processes(0.5)
 
 
 async def run(conn: RawConn, call_id: str, tool: str, chat_id: str = "c", **args: Any) -> Message:

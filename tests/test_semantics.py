@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from actors.results import (
     ToolwireError,
 )
 from actors.tools import files as file_tools
-from tests.conftest import TOKEN, LiveServer, start_server
+from tests.conftest import TOKEN, LiveServer, MakeServer
 from tests.wsclient import Message, RawConn
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
@@ -61,25 +61,6 @@ def test_section_7_texts_are_exact() -> None:
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-MakeServer = Callable[..., Awaitable[LiveServer]]
-
-
-@pytest.fixture
-async def make_server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[MakeServer]:
-    """Servers with custom limits or grace; their processes are stopped after the test."""
-    servers: list[LiveServer] = []
-
-    async def make(**kwargs: Any) -> LiveServer:
-        workspace = tmp_path / f"ws{len(servers)}"
-        workspace.mkdir()
-        server = await start_server(nursery, workspace, **kwargs)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        await server.agent.stop_processes(0.5)
 
 
 def call_msg(chat_id: str, call_id: str, tool: str, args: Any, **extra: Any) -> Message:
