@@ -397,7 +397,9 @@ class ChatActor:
                 self.chat_id,
                 record.call_id,
                 replay,
-                record.state.wire_state,
+                # Ended but not yet durable: it is answered like a running call (output, then
+                # the result once saved), so say so.
+                "running" if record.done and not runtime.done.is_set() else record.state.wire_state,
                 record.requests,
                 rid,
             ),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -63,6 +64,32 @@ def _build_parser() -> argparse.ArgumentParser:
     call.add_argument("--timeout-ms", type=int, default=None)
     call.add_argument("--json", action="store_true", help="print the Result as JSON")
 
+    bench = sub.add_parser("bench", help="run the side-by-side benchmark suite")
+    bench.add_argument(
+        "--quick", action="store_true", help="tiny sizes: seconds in total (a smoke test)"
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="directory for the JSON, Markdown and PNG results (default bench-results/)",
+    )
+    bench.add_argument(
+        "--only",
+        default="",
+        metavar="NAME,...",
+        help="run only these scenarios (transport, reqresp, process, streaming, scale, journal)",
+    )
+
+    sim = sub.add_parser("sim", help="deterministic fault-injection simulation of the agent")
+    sim.add_argument("--seeds", type=int, default=None, help="how many seeds (default 100)")
+    sim.add_argument("--seed", type=int, default=None, help="first seed (alone: just this one)")
+    sim.add_argument("--scenario", default="mix", help="mix (default) or a named scenario")
+    sim.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPUs)")
+    sim.add_argument("--trace", action="store_true", help="print the trace (of failing seeds)")
+    sim.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
+    sim.add_argument("--plant", default=None, help=argparse.SUPPRESS)  # tests: a planted bug
+
     schema = sub.add_parser("schema", help="print the JSON Schema of the wire protocol")
     schema.add_argument("--out", type=Path, default=None, help="write to a file instead")
     schema.add_argument(
@@ -82,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
 
         setup_logging(args.log_format)
         approve = frozenset(t.strip() for t in args.approve.split(",") if t.strip())
+        timeout = args.approval_timeout_s
+        if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+            print(
+                f"toolwire serve: --approval-timeout-s must be a number >= 0, not {timeout}",
+                file=sys.stderr,
+            )
+            return 2
         unknown = approve - set(_tool_names())
         if unknown:
             print(
@@ -143,6 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
+    if args.command == "bench":
+        from benchmarks.runner import main as bench_main
+
+        only = [name.strip() for name in args.only.split(",") if name.strip()]
+        return bench_main(quick=args.quick, out=args.out, only=only)
+    if args.command == "sim":
+        from simulation.cli import run_from_args
+
+        return run_from_args(args)
     raise AssertionError(args.command)
 
 

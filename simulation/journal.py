@@ -1,0 +1,118 @@
+"""A journal in memory and virtual time that survives simulated crashes.
+
+`SimJournal` behaves like `actors.journal.SqliteJournal` as far as the chat actors can tell:
+writes are queued synchronously, one writer task commits everything queued meanwhile after a
+small virtual-time delay (group commit), and `wait_durable` returns once a change is committed.
+Committed rows live in a plain dict that outlives the agent; `crash()` throws away whatever was
+queued or in the middle of a commit, exactly what a `kill -9` loses.
+"""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import trio
+
+from actors.journal import Journal, JournalRow
+
+
+class SimJournal(Journal):
+    enabled = True
+
+    def __init__(self, rng: random.Random, delay_s: tuple[float, float] = (0.0005, 0.004)):
+        self._rng = rng
+        self._delay_s = delay_s
+        # The "disk": committed rows, in first-commit order (a dict keeps it: no hash order).
+        self.rows: dict[tuple[str, str], JournalRow] = {}
+        self._ops: list[tuple[int, str, JournalRow | tuple[str, str, int]]] = []
+        self._queued_seq = 0
+        self._durable_seq = 0
+        self._committed = trio.Event()
+        self._wakeup = trio.Event()
+        self.commits = 0
+        self.lost_writes = 0
+        # A crash fences the journal until the next agent's writer starts: a task of the dead
+        # agent that was already scheduled when it died may still run up to its next
+        # checkpoint, but a dead process writes nothing, so its writes are dropped.
+        self._epoch = 0
+        self._fenced = False
+        self._counted_seq = 0  # writes up to here were already counted as lost
+
+    def _queue(self, op: str, payload: JournalRow | tuple[str, str, int]) -> int:
+        self._queued_seq += 1
+        if self._fenced:
+            self.lost_writes += 1
+            return self._queued_seq
+        self._ops.append((self._queued_seq, op, payload))
+        self._wakeup.set()
+        return self._queued_seq
+
+    def write(self, row: JournalRow) -> int:
+        return self._queue("put", row)
+
+    def touch(self, chat_id: str, call_id: str, wall_ms: int) -> None:
+        self._queue("touch", (chat_id, call_id, wall_ms))
+
+    def delete(self, chat_id: str, call_id: str) -> None:
+        self._queue("delete", (chat_id, call_id, 0))
+
+    def is_durable(self, seq: int) -> bool:
+        return seq <= self._durable_seq
+
+    async def wait_durable(self, seq: int) -> None:
+        while seq > self._durable_seq:
+            await self._committed.wait()
+        await trio.lowlevel.checkpoint()
+
+    def load(self) -> list[JournalRow]:
+        return [msgspec.structs.replace(row) for row in self.rows.values()]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        epoch = self._epoch
+        self._fenced = False
+        task_status.started()
+        while True:
+            if not self._ops:
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            batch = self._ops
+            self._ops = []
+            # The commit takes a little time; a crash meanwhile loses the whole batch.
+            await trio.sleep(self._rng.uniform(*self._delay_s))
+            if epoch != self._epoch:
+                return  # this writer's agent died while the batch was on its way to disk
+            for _, op, payload in batch:
+                self._apply(op, payload)
+            self.commits += 1
+            self._durable_seq = batch[-1][0]
+            self._committed.set()
+            self._committed = trio.Event()
+
+    def _apply(self, op: str, payload: JournalRow | tuple[str, str, int]) -> None:
+        if isinstance(payload, JournalRow):
+            self.rows[(payload.chat_id, payload.call_id)] = payload
+            return
+        chat_id, call_id, wall_ms = payload
+        if op == "touch":
+            row = self.rows.get((chat_id, call_id))
+            if row is not None:
+                row.touched_at_ms = wall_ms
+        else:
+            self.rows.pop((chat_id, call_id), None)
+
+    def crash(self) -> int:
+        """The agent died: what was not committed is gone. Returns how many writes were lost."""
+        lost = self._queued_seq - max(self._durable_seq, self._counted_seq)
+        self._counted_seq = self._queued_seq
+        self.lost_writes += lost
+        self._epoch += 1
+        self._fenced = True
+        self._ops = []
+        # The lost sequence numbers never become durable for the dead agent: a task of it that
+        # still runs up to its next checkpoint must find its start NOT durable (or it would
+        # act after its death). The next agent's writes get higher numbers.
+        self._committed = trio.Event()
+        self._wakeup = trio.Event()
+        return lost

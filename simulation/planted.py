@@ -1,0 +1,79 @@
+"""Known bugs, planted in test-only `ChatActor` subclasses, to prove the checker can fail.
+
+Each variant is passed to the real agent as `Agent(ctx, chat_class=...)`; production always uses
+`ChatActor` itself. `toolwire sim --plant NAME` (a hidden option) runs one of them, and
+tests/test_simulation.py asserts that the simulator finds each one within a bounded number of
+seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.chat import CallSpec, ChatActor, TurnRun
+from actors.outbox import Outbox
+from actors.records import RecordState, ToolCallRecord
+from actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
+
+
+class RepeatRunsAgain(ChatActor):
+    """A repeated `call` of a finished command forgets the saved result and runs it again."""
+
+    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+        record = self.records.get(spec.call_id)
+        if (
+            record is not None
+            and record.done
+            and record.tool == "execute"
+            and record.result is not None
+            and record.result.outcome is Outcome.COMPLETED
+        ):
+            self.records._records.pop(spec.call_id, None)
+        super().call(outbox, spec, stream=stream, rid=rid)
+
+
+class CancelSaysNotRun(ChatActor):
+    """A cancel of a running command reports `not_run` although the command ran."""
+
+    def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
+        record = self.records.get(call_id)
+        running = (
+            record is not None and record.state is RecordState.RUNNING and record.tool == "execute"
+        )
+        received, record = super()._cancel_one(call_id)
+        if running and not record.done:
+            self._finish(
+                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            )
+        return received, record
+
+
+class LostOutputChunk(ChatActor):
+    """Every third output arrival moves the followers' cursors past it: a chunk is never sent."""
+
+    _arrivals = 0
+
+    def _output_arrived(self, record: ToolCallRecord) -> None:
+        self._arrivals += 1
+        runtime = self._runtime(record)
+        if self._arrivals % 3 == 0 and runtime.process is not None:
+            for sub in runtime.subs.values():
+                sub.cursor = max(sub.cursor, runtime.process.output.total)
+        super()._output_arrived(record)
+
+
+class TurnMissingResult(ChatActor):
+    """A turn of several calls leaves its last call out of `turn_result`."""
+
+    async def _run_turn(self, run: TurnRun) -> None:
+        if len(run.call_ids) > 1:
+            run.call_ids = run.call_ids[:-1]
+        await super()._run_turn(run)
+
+
+PLANTED: dict[str, type[ChatActor]] = {
+    "repeat-runs-again": RepeatRunsAgain,
+    "cancel-says-not-run": CancelSaysNotRun,
+    "lost-output-chunk": LostOutputChunk,
+    "turn-missing-result": TurnMissingResult,
+}

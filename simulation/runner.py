@@ -1,0 +1,164 @@
+"""Run one seed (or many, in parallel processes) and report what the checker found."""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import trio
+import trio.testing
+
+from actors.chat import ChatActor
+from simulation.checker import check
+from simulation.orchestrator import ChatDriver
+from simulation.planted import PLANTED
+from simulation.scenario import Plan, make_plan, scenario_for
+from simulation.trace import EFFECT, EV, REQ, Trace, render_lines
+from simulation.world import (
+    World,
+    instrumented,
+    make_workspace,
+    quiet_runtime_logs,
+    remove_workspace,
+)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    scenario: str
+    wire: bool = False  # connections went through the real WebSocket server
+    calls: int = 0
+    requests: int = 0
+    events: int = 0
+    effects: int = 0
+    entries: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    digest: str | None = None
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    trace: list[str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def deterministic_scheduling(seed: int) -> None:
+    """Make trio's scheduler a function of the seed.
+
+    trio shuffles each batch of runnable tasks with its own `random.Random` (to keep code from
+    relying on an order). Its hypothesis plugin makes that reproducible by sorting each batch by
+    task creation order before shuffling with a seeded generator; the simulator does the same,
+    seeding the generator with the seed. (This is trio's private hook: `trio._core._run`.)
+    """
+    import trio._core._run as trio_run
+
+    setattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING", True)  # noqa: B010 - a Final global
+    trio_run._r.seed(f"{seed}/trio")
+
+
+def run_world(
+    seed: int,
+    scenario: str = "mix",
+    *,
+    plant: str | None = None,
+    keep_trace: bool = False,
+    digest: bool = False,
+    plan: Plan | None = None,
+) -> SeedResult:
+    """Run one seed: build its plan (or take the one given), run the world in virtual time,
+    then check the trace. Deterministic: the same arguments give the same trace."""
+    started = time.perf_counter()
+    sc = scenario_for(scenario, seed)
+    if plan is None:
+        plan = make_plan(seed, sc)
+    else:
+        sc = plan.scenario
+    chat_class = PLANTED[plant] if plant else ChatActor
+    result = SeedResult(seed=seed, scenario=sc.name, wire=plan.wire)
+    workspace = make_workspace(plan.files)
+    trace = Trace()
+    try:
+        world = World(plan, workspace, chat_class=chat_class, trace=trace)
+        drivers = [ChatDriver(world, chat) for chat in plan.chats]
+        runs = [d.run for d in drivers]
+        end = [0.0]
+
+        async def main() -> None:
+            try:
+                await world.run(runs)
+            finally:
+                end[0] = trio.current_time()
+
+        deterministic_scheduling(seed)
+        crashed: list[str] = []
+        with quiet_runtime_logs(), instrumented(world):
+            try:
+                trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                crashed.append("".join(traceback.format_exception(exc)).strip().splitlines()[-1])
+                crashed.append("".join(traceback.format_exception(exc)))
+        stuck = list(world.stuck)
+        stop_errors = list(dict.fromkeys(world.stop_errors))
+        if stuck:
+            stuck.extend(f"unfinished: {d.describe()}" for d in drivers if d.state is not None)
+        violations = check(
+            trace.entries,
+            calls=world.calls,
+            processes=world.processes,
+            workspace=workspace,
+            approval_timeout_s=plan.approval_timeout_s,
+            end_time=end[0],
+            stuck=stuck,
+        )
+        result.violations = [str(v) for v in violations]
+        for error in stop_errors:
+            result.violations.append(
+                f"[l.stop_raised] stopping the agent (a crash) raised instead of ending quietly: "
+                f"{error}"
+            )
+        if crashed:
+            result.violations.insert(0, f"[l.exception] the run raised: {crashed[0]}\n{crashed[1]}")
+        result.virtual_s = end[0]
+    finally:
+        remove_workspace(workspace)
+    counts = Counter(e[0] for e in trace.entries)
+    result.calls = len(world.calls)
+    result.requests = counts[REQ]
+    result.events = counts[EV]
+    result.effects = counts[EFFECT]
+    result.entries = len(trace.entries)
+    result.faults = dict(sorted(trace.faults.items()))
+    if digest or keep_trace:
+        result.digest = trace.digest()
+    if keep_trace:
+        result.trace = render_lines(trace.entries)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def run_seeds(seeds: list[int], scenario: str, plant: str | None) -> list[SeedResult]:
+    """One worker's share (kept small in the parent: no traces)."""
+    return [run_world(seed, scenario, plant=plant) for seed in seeds]
+
+
+def chunks(seeds: list[int], size: int) -> Iterator[list[int]]:
+    for i in range(0, len(seeds), size):
+        yield seeds[i : i + size]
+
+
+def first_seeds(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def random_seeds(n: int, base: int) -> list[int]:
+    rng = random.Random(base)
+    return [rng.getrandbits(31) for _ in range(n)]

@@ -1,0 +1,442 @@
+"""Scenarios (how often each fault happens) and the seed-driven plan of one run: which chats,
+which assistant messages, which tool calls with which Coder-style derived ids, what each
+simulated command prints, and when the faults strike.
+
+Everything here is drawn from `random.Random` streams seeded by strings (`"<seed>/plan"`), which
+Python hashes with SHA-512 whatever PYTHONHASHSEED says: one seed is one plan on every host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import uuid
+from dataclasses import dataclass, field, replace
+
+from actors.chat import CallSpec
+from simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Script
+from transport.ids import tool_call_ids
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Rates of everything a run can do. Counts are means per seed; shares are per message,
+    per call or per request."""
+
+    name: str
+    description: str
+    chats: tuple[int, int] = (3, 5)
+    messages: tuple[int, int] = (2, 4)
+    calls: tuple[int, int] = (2, 6)
+    replicas: tuple[int, int] = (2, 3)
+    turn_share: float = 0.55  # messages sent as a `turn` (else as `call`s)
+    sequential_share: float = 0.3  # of the call-messages: one call after the other
+    no_stream_share: float = 0.12
+    gated_share: float = 0.07  # calls with approval: true
+    policy_share: float = 0.15  # runs whose agent gates a tool by policy (--approve)
+    approval_timeout_share: float = 0.3  # runs with --approval-timeout-s
+    timeout_share: float = 0.12  # execute calls with a timeout_ms shorter than the command
+    background_share: float = 0.04
+    spawn_failure_share: float = 0.02  # execute whose spawn raises (OSError or not)
+    tool_failure_share: float = 0.02  # file tool that raises inside the agent
+    # Faults (means per seed), and per-message shares for the orchestrators' own moves.
+    drops: float = 1.2
+    stalls: float = 0.8
+    crashes: float = 0.25
+    duplicate_share: float = 0.05  # requests sent twice in a row
+    takeover_share: float = 0.08
+    interrupt_share: float = 0.07
+    cancel_share: float = 0.08
+    early_cancel_share: float = 0.02  # cancel of a call id before its call is sent
+    horizon_s: float = 12.0  # faults strike within this much virtual time
+    # Runs whose connections go through the real WebSocket server (simulation/wire.py).
+    wire_share: float = 0.1
+
+
+DEFAULT = Scenario("default", "a mix of everything")
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        DEFAULT,
+        Scenario(
+            "calm",
+            "no injected faults: the baseline",
+            drops=0,
+            stalls=0,
+            crashes=0,
+            duplicate_share=0,
+            takeover_share=0,
+            interrupt_share=0,
+            cancel_share=0,
+            early_cancel_share=0,
+            spawn_failure_share=0,
+            tool_failure_share=0,
+        ),
+        Scenario(
+            "retries",
+            "connection drops, stalled readers and duplicate sends; every retry reuses its ids",
+            drops=4,
+            stalls=2,
+            crashes=0,
+            duplicate_share=0.2,
+        ),
+        Scenario(
+            "takeover",
+            "chats handed from replica to replica mid-call, plus drops",
+            replicas=(3, 4),
+            drops=2,
+            takeover_share=0.5,
+            crashes=0,
+        ),
+        Scenario(
+            "interrupts",
+            "interrupts and cancels at any moment, of turns and of whole chats",
+            interrupt_share=0.45,
+            cancel_share=0.4,
+            early_cancel_share=0.1,
+            crashes=0.1,
+        ),
+        Scenario(
+            "approvals",
+            "many gated calls, answered late, from other replicas, denied or left to expire",
+            gated_share=0.4,
+            policy_share=0.5,
+            approval_timeout_share=0.5,
+            crashes=0.15,
+        ),
+        Scenario(
+            "wire",
+            "the default mix of faults, every connection through the real WebSocket server",
+            wire_share=1.0,
+        ),
+        Scenario(
+            "crashes",
+            "agent crashes and restarts on the same journal, at any moment",
+            crashes=2.0,
+            drops=0.5,
+        ),
+    )
+}
+
+# The default mix: each seed picks one of these by its own draw.
+MIX = ("default", "default", "default", "retries", "takeover", "interrupts", "approvals", "crashes")
+
+
+def scenario_for(name: str, seed: int) -> Scenario:
+    if name == "mix":
+        return SCENARIOS[random.Random(f"{seed}/mix").choice(MIX)]
+    return SCENARIOS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan of one run
+
+
+@dataclass
+class CallPlan:
+    token: str  # unique per planned call; printed by its command, written into its files
+    provider_id: str
+    tool: str
+    args: dict[str, object]
+    call_id: str | None = None  # None when the provider id is unusable (empty or repeated)
+    timeout_ms: int | None = None
+    background: bool = False
+    approval: bool = False
+    gated: bool = False
+    decision: str = "approve"  # approve / deny / ignore (leave the gate to expire)
+    decision_delay: float = 0.5
+    script: Script | None = None
+    fail: str | None = None  # "before" / "after": the file tool raises inside the agent
+
+    @property
+    def spec(self) -> CallSpec:
+        assert self.call_id is not None
+        return CallSpec(
+            self.call_id, self.tool, self.args, self.timeout_ms, self.background, self.approval
+        )
+
+
+@dataclass
+class MessagePlan:
+    message_id: str
+    mode: str  # turn / parallel / sequential
+    stream: bool
+    calls: list[CallPlan]
+    turn_id: str = ""
+    # The orchestrator's own moves during this message, as (delay after the first send, what).
+    moves: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def sendable(self) -> list[CallPlan]:
+        return [c for c in self.calls if c.call_id is not None]
+
+
+@dataclass
+class ChatPlan:
+    index: int
+    chat_id: str
+    directory: str  # relative to the workspace
+    messages: list[MessagePlan]
+    replica: int
+
+
+@dataclass
+class Plan:
+    seed: int
+    scenario: Scenario
+    chats: list[ChatPlan]
+    replicas: int
+    approve_tools: frozenset[str]
+    approval_timeout_s: float | None
+    kill_grace_s: float
+    faults: list[tuple[float, str]]  # (virtual time, drop / stall / crash)
+    files: dict[str, bytes]  # initial workspace files
+    wire: bool = False  # connections through the real server (simulation/wire.py)
+
+    def calls(self) -> list[tuple[ChatPlan, MessagePlan, CallPlan]]:
+        return [(c, m, k) for c in self.chats for m in c.messages for k in m.calls]
+
+
+_TEXT_PIECES = ("ok", "building", "warning: x", "é", "naïve", "漢字", "🙂", "done", "ünïcödé")
+
+
+def _output(rng: random.Random, token: str) -> bytes:
+    lines: list[str] = []
+    for i in range(rng.randint(1, 8)):
+        words = " ".join(rng.choice(_TEXT_PIECES) for _ in range(rng.randint(1, 5)))
+        lines.append(f"{token} {i} {words}\n")
+    if rng.random() < 0.02:
+        # Big enough that the Result keeps only a head and a tail (result_output_bytes).
+        lines.append(("x" * 99 + "\n") * rng.randint(700, 1200))
+    return "".join(lines).encode()
+
+
+def make_script(rng: random.Random, token: str, spawn_failure_share: float) -> Script:
+    kind = rng.random()
+    if kind < 0.5:
+        duration = rng.uniform(0.001, 0.3)
+    elif kind < 0.9:
+        duration = rng.uniform(0.3, 3.0)
+    else:
+        duration = rng.uniform(3.0, 15.0)
+    output = _output(rng, token) if rng.random() < 0.9 else b""
+    # Cut the output at random byte positions, so a multi-byte character may be split across
+    # two writes (the output buffer must hold its first bytes back).
+    pieces = rng.randint(1, 6) if output else 0
+    cuts = (
+        sorted(rng.sample(range(1, len(output)), min(pieces - 1, len(output) - 1)))
+        if output
+        else []
+    )
+    bounds = [0, *cuts, len(output)]
+    data = [output[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    times = sorted(rng.uniform(0, duration * 0.98) for _ in data)
+    spawn_error = None
+    if rng.random() < spawn_failure_share:
+        spawn_error = rng.choice((SPAWN_OSERROR, SPAWN_RAISES))
+    return Script(
+        chunks=tuple(zip(times, data, strict=True)),
+        duration=duration,
+        exit_code=rng.choices((0, 1, 2, 127), weights=(70, 15, 10, 5))[0],
+        ignores_term=rng.random() < 0.15,
+        spawn_error=spawn_error,
+    )
+
+
+class _Planner:
+    def __init__(self, seed: int, scenario: Scenario) -> None:
+        self.rng = random.Random(f"{seed}/plan")
+        self.scenario = scenario
+        self.tokens = 0
+
+    def token(self) -> str:
+        self.tokens += 1
+        return f"@t{self.tokens}@"
+
+    def uuid(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def call(
+        self,
+        chat: ChatPlan,
+        provider_id: str,
+        executes: list[str],
+        approve_tools: frozenset[str],
+        timeouts: bool,
+    ) -> CallPlan:
+        rng, s = self.rng, self.scenario
+        token = self.token()
+        directory = chat.directory
+        tool = rng.choices(
+            (
+                "execute",
+                "write_file",
+                "edit_files",
+                "read_file",
+                "process_output",
+                "process_signal",
+                "process_list",
+            ),
+            weights=(40, 15, 14, 17, 6, 4, 4),
+        )[0]
+        if tool.startswith("process_") and tool != "process_list" and not executes:
+            tool = "execute"
+        plan = CallPlan(token=token, provider_id=provider_id, tool=tool, args={})
+        if tool == "execute":
+            plan.script = make_script(rng, token, s.spawn_failure_share)
+            plan.args = {"command": f"sim-run {token}"}
+            r = rng.random()
+            if r < s.timeout_share:
+                plan.timeout_ms = max(1, int(plan.script.duration * 1000 * rng.uniform(0.1, 0.8)))
+            elif r < s.timeout_share * 1.5:
+                plan.timeout_ms = int(plan.script.duration * 1000) + rng.randint(50, 5000)
+            elif r < s.timeout_share * 1.5 + s.background_share:
+                plan.background = True
+            elif r < s.timeout_share * 1.5 + s.background_share + 0.01:
+                plan.background, plan.timeout_ms = True, 1000  # bad_args: both at once
+        elif tool == "write_file":
+            path = rng.choice((f"{directory}/f{rng.randint(0, 3)}.txt", f"{directory}/sub/n.txt"))
+            plan.args = {"path": path, "content": f"{token}\n" + "text\n" * rng.randint(0, 4)}
+        elif tool == "edit_files":
+            files = []
+            for k in rng.sample(range(3), rng.choice((1, 1, 2))):
+                old = "END" if rng.random() < 0.9 else f"NOT THERE {token}"
+                files.append(
+                    {
+                        "path": f"{directory}/f{k}.txt",
+                        "edits": [{"old": old, "new": f"{token}\nEND"}],
+                    }
+                )
+            plan.args = {"files": files}
+        elif tool == "read_file":
+            name = rng.choice(("f0.txt", "f1.txt", "f2.txt", "f3.txt", "missing.txt"))
+            plan.args = {"path": f"{directory}/{name}"}
+            if rng.random() < 0.02:
+                plan.args = {"file": name}  # malformed: a barrier, fails when run
+        elif tool == "process_output":
+            plan.args = {"process_id": rng.choice(executes)}
+            if rng.random() < 0.5:
+                plan.args["wait"] = True
+                plan.args["wait_ms"] = rng.randint(0, 4000)
+        elif tool == "process_signal":
+            plan.args = {
+                "process_id": rng.choice(executes),
+                "signal": rng.choice(("SIGTERM", "SIGKILL", "SIGINT")),
+            }
+        if tool in ("write_file", "edit_files") and rng.random() < s.tool_failure_share:
+            plan.fail = rng.choice(("before", "after"))
+        plan.approval = rng.random() < s.gated_share
+        plan.gated = plan.approval or tool in approve_tools
+        if plan.gated:
+            plan.decision = rng.choices(("approve", "deny", "ignore"), weights=(70, 20, 10))[0]
+            if plan.decision == "ignore" and not timeouts:
+                plan.decision = "approve"
+            plan.decision_delay = rng.choice((rng.uniform(0.001, 0.1), rng.uniform(0.1, 4.0)))
+        return plan
+
+
+def make_plan(seed: int, scenario: Scenario) -> Plan:
+    p = _Planner(seed, scenario)
+    rng, s = p.rng, scenario
+    replicas = rng.randint(*s.replicas)
+    approve_tools: frozenset[str] = frozenset()
+    if rng.random() < s.policy_share:
+        approve_tools = frozenset({rng.choice(("write_file", "execute", "edit_files"))})
+    approval_timeout_s = rng.uniform(1.0, 10.0) if rng.random() < s.approval_timeout_share else None
+    kill_grace_s = rng.choice((0.2, 1.0, 2.0))
+    chats: list[ChatPlan] = []
+    files: dict[str, bytes] = {}
+    n_chats = rng.randint(*s.chats)
+    chatless = rng.random() < 0.15
+    for ci in range(n_chats):
+        chat_id = "" if chatless and ci == 0 else p.uuid()
+        chat = ChatPlan(ci, chat_id, f"c{ci}", [], rng.randrange(replicas))
+        for k in range(3):
+            files[f"c{ci}/f{k}.txt"] = b"".join(b"line %d\n" % i for i in range(5)) + b"END\n"
+        executes: list[str] = []
+        for mi in range(rng.randint(*s.messages)):
+            message_id = str(mi * 2 + 1)
+            n_calls = rng.randint(*s.calls)
+            provider_ids = [f"toolu_{rng.getrandbits(40):010x}" for _ in range(n_calls)]
+            if n_calls > 1 and rng.random() < 0.03:
+                provider_ids[1] = provider_ids[0]  # a provider that repeats an id: unusable
+            ids = tool_call_ids(chat_id, message_id, provider_ids)
+            calls = []
+            for provider_id, call_id in zip(provider_ids, ids, strict=True):
+                plan = p.call(
+                    chat, provider_id, executes, approve_tools, approval_timeout_s is not None
+                )
+                plan.call_id = call_id
+                calls.append(plan)
+            for plan in calls:
+                if plan.tool == "execute" and plan.call_id is not None:
+                    executes.append(plan.call_id)
+            r = rng.random()
+            mode = (
+                "turn"
+                if r < s.turn_share
+                else "sequential"
+                if rng.random() < s.sequential_share
+                else "parallel"
+            )
+            message = MessagePlan(
+                message_id=message_id,
+                mode=mode,
+                stream=rng.random() >= s.no_stream_share,
+                calls=calls,
+                turn_id=f"turn-{chat_id[:8] or 'none'}-{message_id}",
+            )
+            for share, move in (
+                (s.interrupt_share, "interrupt"),
+                (s.cancel_share, "cancel"),
+                (s.takeover_share, "takeover"),
+            ):
+                if rng.random() < share:
+                    message.moves.append(
+                        (rng.choice((rng.uniform(0, 0.05), rng.uniform(0, 4))), move)
+                    )
+            chat.messages.append(message)
+        chats.append(chat)
+    # An early cancel names a call of a later message before that message is sent: the cancel
+    # leaves a tombstone and the call, when it comes, must get the saved not_run.
+    for chat in chats:
+        for mi, message in enumerate(chat.messages[:-1]):
+            if rng.random() < s.early_cancel_share:
+                later = chat.messages[mi + 1].sendable
+                if later:
+                    target = rng.choice(later).call_id
+                    message.moves.append((rng.uniform(0, 1), f"early-cancel:{target}"))
+    faults: list[tuple[float, str]] = []
+    for count, kind in ((s.drops, "drop"), (s.stalls, "stall"), (s.crashes, "crash")):
+        for _ in range(_poisson(rng, count)):
+            faults.append((rng.uniform(0, s.horizon_s), kind))
+    faults.sort()
+    return Plan(
+        seed=seed,
+        scenario=s,
+        chats=chats,
+        replicas=replicas,
+        approve_tools=approve_tools,
+        approval_timeout_s=approval_timeout_s,
+        kill_grace_s=kill_grace_s,
+        faults=faults,
+        files=files,
+        wire=random.Random(f"{seed}/wire").random() < s.wire_share,
+    )
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    if mean <= 0:
+        return 0
+    # Knuth's method: fine for the small means used here.
+    limit, k, p = pow(2.718281828459045, -mean), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def with_overrides(scenario: Scenario, **changes: object) -> Scenario:
+    return replace(scenario, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,332 @@
+"""The simulation harness (issue 7): seeds of the default mix are clean, one seed is one trace,
+every planted bug is caught within a bounded number of seeds, a hypothesis-drawn program of
+faults and moves shrinks, and `toolwire sim` exits 1 on a violation.
+
+These tests run the simulator synchronously (each seed is its own `trio.run` on a MockClock),
+so they are plain functions, not trio tests.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from actors.agent import Agent, AgentContext
+from actors.chat import CallSpec
+from actors.events import AcceptedEvent, TurnResultEvent
+from actors.journal import JournalRow
+from actors.outbox import Outbox
+from cli.main import main as toolwire
+from simulation.journal import SimJournal
+from simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
+from simulation.planted import PLANTED
+from simulation.runner import SeedResult, run_world
+
+# Codes of runtime bugs the simulator found and the runtime's owner has not fixed yet: each needs
+# a strict xfail reproduction below; the clean-run tests tolerate exactly these codes meanwhile.
+# Empty: the two bugs found so far (b.requests_count, l.stop_raised) are fixed (604a7d3).
+KNOWN_RUNTIME_BUGS: frozenset[str] = frozenset()
+
+_CODE = re.compile(r"\[([a-z]\.[a-z_]+)\]")
+
+
+def codes(result: SeedResult) -> set[str]:
+    return {m.group(1) for v in result.violations if (m := _CODE.match(v)) is not None}
+
+
+def unexpected(result: SeedResult) -> list[str]:
+    return [
+        v
+        for v in result.violations
+        if (m := _CODE.match(v)) is None or m.group(1) not in KNOWN_RUNTIME_BUGS
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The real runtime
+
+
+def test_300_seeds_of_the_default_mix_keep_every_promise() -> None:
+    calls = faults = 0
+    for seed in range(300):
+        result = run_world(seed, "mix")
+        assert not unexpected(result), (
+            f"seed {seed}: replay with `toolwire sim --seed {seed} --scenario {result.scenario} "
+            f"--trace`\n" + "\n".join(unexpected(result)[:5])
+        )
+        calls += result.calls
+        faults += sum(result.faults.values())
+    assert calls > 300 * 20 and faults > 300  # several chats, dozens of calls, real faults
+
+
+@pytest.mark.parametrize(
+    "scenario", ["calm", "retries", "takeover", "interrupts", "approvals", "crashes", "wire"]
+)
+def test_each_named_scenario_runs_clean(scenario: str) -> None:
+    for seed in range(1000, 1015):
+        result = run_world(seed, scenario)
+        assert result.scenario == scenario
+        assert not unexpected(result), f"seed {seed} {scenario}: {unexpected(result)[:3]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism
+
+
+def test_one_seed_is_one_trace() -> None:
+    for seed in (0, 7, 42, 1234):
+        first = run_world(seed, "mix", keep_trace=True)
+        second = run_world(seed, "mix", keep_trace=True)
+        assert first.trace == second.trace
+        assert first.digest == second.digest
+        # The replay command names the scenario the mix chose: it reproduces the same run.
+        replay = run_world(seed, first.scenario, digest=True)
+        assert replay.digest == first.digest
+
+
+def test_a_wire_seed_is_one_trace_too() -> None:
+    first = run_world(3, "wire", keep_trace=True)
+    assert first.trace == run_world(3, "wire", keep_trace=True).trace
+    assert first.events > 0
+
+
+def test_the_trace_does_not_depend_on_what_ran_before() -> None:
+    alone = run_world(5, "crashes", digest=True).digest
+    for seed in range(3):
+        run_world(seed, "retries")
+    assert run_world(5, "crashes", digest=True).digest == alone
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker can fail: planted bugs
+
+
+@pytest.mark.parametrize(
+    ("plant", "expected"),
+    [
+        ("repeat-runs-again", "a.effect_twice"),
+        ("cancel-says-not-run", "c.not_run_with_effect"),
+        ("lost-output-chunk", "e.output_gap"),
+        ("turn-missing-result", "d.turn_result_count"),
+    ],
+)
+def test_each_planted_bug_is_caught_within_50_seeds(plant: str, expected: str) -> None:
+    for seed in range(50):
+        result = run_world(seed, "mix", plant=plant)
+        if expected in codes(result):
+            return
+    pytest.fail(f"{plant}: no {expected} violation in 50 seeds")
+
+
+def test_every_planted_bug_has_a_test() -> None:
+    assert set(PLANTED) == {
+        "repeat-runs-again",
+        "cancel-says-not-run",
+        "lost-output-chunk",
+        "turn-missing-result",
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Hypothesis: programs of faults and moves, with shrinking
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> Program:
+    chats = draw(st.integers(1, 3))
+    messages = draw(st.integers(1, 3))
+    faults = draw(
+        st.lists(
+            st.builds(
+                Fault, st.floats(0, 8, allow_nan=False).map(lambda x: round(x, 3)),
+                st.sampled_from(FAULT_KINDS),
+            ),
+            max_size=5,
+        )
+    )  # fmt: skip
+    moves = draw(
+        st.lists(
+            st.builds(
+                Move, st.integers(0, chats - 1), st.integers(0, messages - 1),
+                st.floats(0, 3, allow_nan=False).map(lambda x: round(x, 3)),
+                st.sampled_from(MOVE_KINDS),
+            ),
+            max_size=5,
+        )
+    )  # fmt: skip
+    return Program(
+        seed=draw(st.integers(0, 10_000)),
+        chats=chats,
+        messages=messages,
+        calls=draw(st.integers(1, 5)),
+        replicas=draw(st.integers(1, 3)),
+        turn_share=draw(st.sampled_from((0.0, 0.5, 1.0))),
+        gated_share=draw(st.sampled_from((0.0, 0.3))),
+        duplicate_share=draw(st.sampled_from((0.0, 0.3))),
+        faults=tuple(sorted(faults, key=lambda f: f.at)),
+        moves=tuple(moves),
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_any_program_of_faults_and_moves_keeps_every_promise(program: Program) -> None:
+    result = run_program(program)
+    assert not unexpected(result), f"{program}\n" + "\n".join(unexpected(result)[:5])
+
+
+def test_hypothesis_shrinks_a_planted_bug_to_a_minimal_program() -> None:
+    def fails(program: Program) -> bool:
+        return "c.not_run_with_effect" in codes(run_program(program, plant="cancel-says-not-run"))
+
+    smallest = find(
+        programs(),
+        fails,
+        settings=settings(max_examples=400, database=None, deadline=None, derandomize=True),
+    )
+    # One chat, one message, a cancel (or interrupt) while a command runs, and at most one
+    # other operation (a shrink can end in a local minimum that needs one more).
+    assert smallest.chats == 1 and smallest.messages == 1 and smallest.calls <= 2
+    assert len(smallest.moves) + len(smallest.faults) <= 2
+    assert any(move.kind in ("cancel", "interrupt") for move in smallest.moves)
+    assert run_program(smallest, plant="cancel-says-not-run").violations
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulated journal
+
+
+def test_the_sim_journal_keeps_commits_and_loses_the_rest_on_a_crash() -> None:
+    journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
+
+    def row(call_id: str) -> JournalRow:
+        return JournalRow(chat_id="c", call_id=call_id, state="running", tool="execute",
+                          fingerprint=b"f")  # fmt: skip
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            seq = journal.write(row("a"))
+            await journal.wait_durable(seq)
+            journal.write(row("b"))  # still queued when the agent dies
+            nursery.cancel_scope.cancel()
+        assert journal.crash() == 1
+        journal.write(row("zombie"))  # a dead agent's task: dropped
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.wait_durable(journal.write(row("c")))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [r.call_id for r in journal.load()] == ["a", "c"]
+
+
+# ---------------------------------------------------------------------------------------------
+# `toolwire sim`
+
+
+def test_toolwire_sim_exits_0_when_clean_and_writes_the_summary(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    status = toolwire(
+        ["sim", "--seeds", "4", "--jobs", "1", "--scenario", "calm", "--json", str(out)]
+    )
+    assert status == 0
+    summary = json.loads(out.read_text())
+    assert summary["seeds"] == 4 and summary["violations"] == 0 and summary["calls"] > 0
+
+
+def test_toolwire_sim_exits_1_on_a_planted_bug_and_names_the_replay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "summary.json"
+    status = toolwire(
+        ["sim", "--seeds", "6", "--jobs", "2", "--plant", "turn-missing-result", "--json", str(out)]
+    )
+    assert status == 1
+    summary = json.loads(out.read_text())
+    assert summary["violations_by_code"].get("d.turn_result_count", 0) > 0
+    failing = summary["failing_seeds"][0]
+    assert failing["replay"] == (
+        f"toolwire sim --seed {failing['seed']} --scenario {failing['scenario']} --trace "
+        "--plant turn-missing-result"
+    )
+    assert "toolwire sim --seed" in capsys.readouterr().out
+
+
+def test_toolwire_sim_replays_one_seed_with_its_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert toolwire(["sim", "--seed", "3", "--scenario", "calm", "--trace"]) == 0
+    printed = capsys.readouterr().out
+    assert "agent boot" in printed and "trace digest" in printed
+
+
+def test_a_turn_naming_a_tombstoned_call_gets_its_turn_result() -> None:
+    # Found by `toolwire sim --seed 21 --scenario wire` against a work-in-progress runtime that
+    # released a finished record's runtime and gave the turn a fresh one that never ends.
+    async def main() -> bool:
+        journal = SimJournal(random.Random(0))  # results become durable a little later
+        agent = Agent(AgentContext(workspace=tempfile.mkdtemp(), journal=journal))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            out = Outbox()
+            agent.cancel(out, "c", ["x"], 1)  # a tombstone: x never ran
+            await trio.sleep(1)
+            agent.turn(out, "c", "t", [CallSpec("x", "process_list", {})], stream=True, rid=2)
+            got = False
+            with trio.move_on_after(60):
+                while not got:
+                    await out.wait()
+                    got = any(isinstance(e, TurnResultEvent) for e in out.take())
+            nursery.cancel_scope.cancel()
+        return got
+
+    assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime bugs the simulator found (minimal reproductions; fixed by the runtime's owner in 604a7d3)
+
+
+def test_a_repeated_turn_counts_as_a_request_of_each_of_its_calls() -> None:
+    async def main() -> list[int]:
+        agent = Agent(AgentContext(workspace=tempfile.mkdtemp()))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            spec = CallSpec("a", "read_file", {"path": "x"}, approval=True)  # stays parked
+            out = Outbox()
+            agent.turn(out, "c", "t", [spec], stream=True, rid=1)
+            agent.turn(out, "c", "t", [spec], stream=True, rid=2)
+            agent.call(out, "c", spec, stream=True, rid=3)
+            requests = [e.requests for e in out.take() if isinstance(e, AcceptedEvent)]
+            nursery.cancel_scope.cancel()
+        return requests
+
+    # PROTOCOL.md 4: requests = how many call/turn/attach requests named the call, this one
+    # included. Found by `toolwire sim --seed 0 --scenario interrupts`: a repeated turn did not
+    # count (ChatActor.turn's existing-run branch), so this was [1, 1, 2].
+    assert trio.run(main) == [1, 2, 3]
+
+
+def test_stopping_the_agent_mid_turn_ends_quietly() -> None:
+    # Found by `toolwire sim --seed 2 --scenario crashes`: ChatActor._run_turn's `finally`
+    # asserted that every call had a result, so cancelling the agent mid-turn (a SIGTERM of
+    # `toolwire serve`) raised AssertionError instead of ending quietly.
+    async def main() -> None:
+        agent = Agent(AgentContext(workspace=tempfile.mkdtemp()))
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(agent.run)
+                spec = CallSpec("a", "read_file", {"path": "x"}, approval=True)
+                agent.turn(Outbox(), "c", "t", [spec], stream=True, rid=None)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()
+
+    trio.run(main)
