@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from transport.client import ConnectError, RequestError, connect
 
 from transport import protocol
+from transport.client import ConnectError, RequestError, connect
 
 
 def read_token(explicit: str | None, state_dir: Path) -> str | None:
