@@ -63,7 +63,8 @@ def resolve_token(options: ServeOptions, state_dir: Path) -> tuple[str | None, s
         token = path.read_text().strip()
         if token:
             return token, f"from {path}"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    # Private: it holds the token and the journal (commands, args, outputs).
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -68,6 +68,7 @@ async def test_generated_token_is_private_and_sigterm_shuts_down_cleanly(tmp_pat
     async with serve(tmp_path) as server:
         token_path = tmp_path / "state" / "token"
         assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_path.parent.stat().st_mode) == 0o700
         assert str(token_path) in server.stderr_path.read_text()
         token = token_path.read_text().strip()
         async with connect(server.url, token) as conn:
