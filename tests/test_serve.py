@@ -32,7 +32,7 @@ class ServeProcess:
 
 @asynccontextmanager
 async def serve(
-    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, scheme: str = "ws"
 ) -> AsyncIterator[ServeProcess]:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
@@ -54,7 +54,7 @@ async def serve(
             assert chunk, stderr_path.read_text()
             line += chunk
     text = line.decode().strip()
-    assert text.startswith("toolwire listening on ws://127.0.0.1:"), text
+    assert text.startswith(f"toolwire listening on {scheme}://127.0.0.1:"), text
     try:
         yield ServeProcess(process, text.rsplit(" ", 1)[1], stderr_path)
     finally:
@@ -168,5 +168,29 @@ async def test_toolwire_call_streams_output_and_exits_with_the_commands_status(
             "--url", server.url, "--state-dir", str(state), "execute", '["not", "an object"]'
         )
         assert bad.returncode != 0 and b"must be a JSON object" in bad.stderr
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
+
+
+async def test_tls_serves_wss_with_the_given_certificate(tmp_path: Path) -> None:
+    """--tls-cert/--tls-key: the same protocol over wss://, verified against the certificate."""
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await trio.run_process(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        capture_stdout=True, capture_stderr=True,
+    )  # fmt: skip
+    async with serve(
+        tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), scheme="wss"
+    ) as server:
+        assert server.url.startswith("wss://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(cert))
+        token = (tmp_path / "state" / "token").read_text().strip()
+        async with connect(server.url, token, ssl_context=context) as conn:
+            result = await conn.call("c", "tls", "execute", {"command": "echo secure"})
+            assert result["output"] == "secure\n"
         server.process.send_signal(signal.SIGTERM)
         assert await server.process.wait() == 0

@@ -5,6 +5,7 @@ client author would."""
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -72,12 +73,17 @@ async def connect(
     *,
     encoding: str = "json",
     subprotocols: list[str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[RawConn]:
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     if subprotocols is None:
         subprotocols = [f"toolwire.v1.{encoding}"]
     async with open_websocket_url(
-        url, extra_headers=headers, subprotocols=subprotocols, message_queue_size=1024
+        url,
+        extra_headers=headers,
+        subprotocols=subprotocols,
+        message_queue_size=1024,
+        ssl_context=ssl_context,
     ) as ws:
         conn = RawConn(ws, encoding)
         conn.welcome = await conn.recv()
