@@ -138,3 +138,10 @@ def test_result_nulls_are_sent_not_omitted() -> None:
     )  # fmt: skip
     decoded = msgspec.json.decode(Codec("json").encode(result))
     assert decoded["started_at"] is None and decoded["data"] is None and decoded["wall_ms"] is None
+
+
+def test_the_domain_result_and_the_wire_result_have_the_same_fields() -> None:
+    # transport/server.py copies one into the other by field name.
+    from actors.results import Result as DomainResult
+
+    assert DomainResult.__struct_fields__ == protocol.Result.__struct_fields__

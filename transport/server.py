@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import trio
 from trio_websocket import (
     ConnectionClosed,
@@ -383,21 +384,14 @@ class Session:
 # Domain events -> wire messages
 
 
+def _result_fields(result: Result) -> dict[str, Any]:
+    # The domain Result and the wire Result have the same fields (tests/test_codec.py checks
+    # it); asdict copies them in C, and Outcome, a StrEnum, encodes as its value.
+    return msgspec.structs.asdict(result)
+
+
 def wire_result(result: Result) -> protocol.Result:
-    return protocol.Result(
-        tool=result.tool,
-        outcome=result.outcome.value,
-        text=result.text,
-        data=result.data,
-        output=result.output,
-        output_bytes=result.output_bytes,
-        truncated_bytes=result.truncated_bytes,
-        timed_out=result.timed_out,
-        canceled=result.canceled,
-        started_at=result.started_at,
-        finished_at=result.finished_at,
-        wall_ms=result.wall_ms,
-    )
+    return protocol.Result(**_result_fields(result))
 
 
 def to_wire(event: events.Event) -> Any:
@@ -408,22 +402,8 @@ def to_wire(event: events.Event) -> Any:
                 chat_id=event.chat_id, call_id=event.call_id, offset=event.offset, data=event.data
             )
         case events.ResultEvent():
-            r = event.result
             return protocol.ResultMessage(
-                chat_id=event.chat_id,
-                call_id=event.call_id,
-                tool=r.tool,
-                outcome=r.outcome.value,
-                text=r.text,
-                data=r.data,
-                output=r.output,
-                output_bytes=r.output_bytes,
-                truncated_bytes=r.truncated_bytes,
-                timed_out=r.timed_out,
-                canceled=r.canceled,
-                started_at=r.started_at,
-                finished_at=r.finished_at,
-                wall_ms=r.wall_ms,
+                chat_id=event.chat_id, call_id=event.call_id, **_result_fields(event.result)
             )
         case events.AcceptedEvent():
             return protocol.Accepted(
