@@ -225,3 +225,38 @@ async def test_result_arrives_on_every_connection_that_called(live: LiveServer) 
         assert got_b[0]["replay"] is True
         assert got_a[-1] == got_b[-1]
         assert "".join(m["data"] for m in got_b if m["type"] == "output") == "both\n"
+
+
+async def test_a_peer_that_misses_two_pongs_is_closed(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Keepalive (PROTOCOL.md 1): a client that never answers pings is closed (code 1011) once a
+    pong is overdue; its calls go on. The client here is raw wsproto that reads but never
+    answers pings."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, CloseConnection, Ping, Request
+
+    live = await start_server(nursery, tmp_path)
+    live.server.config.ping_interval_s = 0.05
+    port = int(live.url.rsplit(":", 1)[1].split("/")[0])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(ws.send(Request(host="127.0.0.1", target="/v1", extra_headers=AUTH)))
+    pings = 0
+    closed_with: int | None = None
+    with trio.fail_after(10):
+        while closed_with is None:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            ws.receive_data(data)
+            for event in ws.events():
+                if isinstance(event, AcceptConnection):
+                    continue
+                if isinstance(event, Ping):
+                    pings += 1  # never answered
+                elif isinstance(event, CloseConnection):
+                    closed_with = event.code
+    await stream.aclose()
+    assert pings >= 1
+    assert closed_with == 1011
