@@ -897,7 +897,10 @@ class ChatActor:
                 sub.outbox.put_result(sub, event)
         self._maybe_close_output(record)
         self._maybe_release(record)
-        log.debug("call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record))
+        if log.isEnabledFor(logging.DEBUG):  # the hot path: no extra dict unless it is shown
+            log.debug(
+                "call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record)
+            )
 
     def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
         runtime = record.runtime
