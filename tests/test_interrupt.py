@@ -16,6 +16,7 @@ import trio
 
 from actors.outbox import Outbox
 from tests.conftest import LiveServer
+from tests.oswatch import alive, proc_state
 from tests.test_turns import (
     CANCELED_TEXT,
     CHAT,
@@ -58,20 +59,6 @@ async def interrupt(conn: RawConn, turn_id: str | None = None, **extra: Any) -> 
     start = len(conn.seen)
     await conn.send(interrupt_msg(turn_id, **extra))
     return await wait_for(conn, is_interrupted, start=start)
-
-
-def proc_state(pid: int) -> str | None:
-    """The OS state letter of `pid` (Z: a zombie, exited and not reaped), None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    """False once the process is gone or a zombie."""
-    return proc_state(pid) not in (None, "Z")
 
 
 async def gone(pid: int, timeout_s: float = 5.0) -> bool:

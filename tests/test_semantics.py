@@ -43,6 +43,7 @@ from actors.results import (
 )
 from actors.tools import files as file_tools
 from tests.conftest import TOKEN, LiveServer, MakeServer
+from tests.oswatch import alive
 from tests.wsclient import Message, RawConn
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
@@ -119,19 +120,6 @@ async def tool(conn: RawConn, chat_id: str, call_id: str, name: str, **args: Any
     result = await conn.call(chat_id, call_id, name, args)
     assert result["type"] == "result", result
     return result
-
-
-def proc_state(pid: int) -> str | None:
-    """The OS state letter of `pid`, or None when it is gone. A zombie (Z) has ended."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z")
 
 
 def group_members(pgid: int) -> list[int]:

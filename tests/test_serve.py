@@ -18,6 +18,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from cli.serve import is_loopback
+from tests.oswatch import alive
 from tests.wsclient import connect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,15 +89,6 @@ async def test_generated_token_is_private_and_sigterm_shuts_down_cleanly(tmp_pat
         assert code == 0
         assert trio.current_time() - start < 5
     assert not alive(child)  # the backgrounded grandchild was ended with its group
-
-
-def alive(pid: int) -> bool:
-    """True if pid is a live process (a zombie waiting for its reaper does not count)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return False
-    return fields[0] != "Z"
 
 
 async def test_token_from_env_and_file(tmp_path: Path) -> None:
