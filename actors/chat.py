@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from actors import planner, processes
+from actors import call_results, planner, processes
 from actors.events import (
     AcceptedEvent,
     ApprovalEvent,
@@ -54,7 +54,6 @@ from actors.results import (
     Result,
     ToolReport,
     ToolwireError,
-    text_timed_out,
 )
 from actors.tools import execute as execute_tool
 from actors.tools import files as file_tools
@@ -905,86 +904,24 @@ class ChatActor:
     def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
         runtime = record.runtime
         tool = runtime.spec.tool if isinstance(runtime, CallRuntime) else (record.tool or "")
-        return self._result(
-            record,
-            tool=tool,
-            outcome=outcome,
-            text=text,
-            canceled=outcome in (Outcome.CANCELED, Outcome.NOT_RUN) and record.cancel_requested,
-        )
+        return call_results.plain_result(record, tool, outcome, text, self.ctx.wall_ms())
 
     def _report_result(self, record: ToolCallRecord, report: ToolReport) -> Result:
-        return self._result(
-            record,
-            tool=record.tool or "",
-            outcome=report.outcome,
-            text=report.text,
-            data=report.data,
-            output=report.output,
-            output_bytes=len(report.output.encode()),
-        )
+        return call_results.report_result(record, report, self.ctx.wall_ms())
 
     def _execute_result(
         self, record: ToolCallRecord, proc: processes.ProcessRecord, outcome: Outcome
     ) -> Result:
-        output, truncated = proc.output.result_output()
-        status = proc.status
-        data = {
-            "exit_code": status.exit_code if status else None,
-            "signal": status.signal if status else None,
-            "process_id": proc.process_id,
-        }
-        runtime = self._runtime(record)
-        if outcome is Outcome.TIMED_OUT:
-            text = text_timed_out(runtime.spec.timeout_ms or 0)
-        elif outcome is Outcome.CANCELED:
-            text = TEXT_CANCELED_WHILE_RUNNING
-        elif status is None:
-            text = f"started in the background as process {proc.process_id}"
-        else:
-            text = execute_tool.exit_text(status)
-        return self._result(
+        return call_results.execute_result(
             record,
-            tool="execute",
             outcome=outcome,
-            text=text,
-            data=data,
-            output=output,
-            output_bytes=proc.output.total,
-            truncated_bytes=truncated,
+            process_id=proc.process_id,
+            output=proc.output,
+            status=proc.status,
+            timeout_ms=self._runtime(record).spec.timeout_ms,
             timed_out=proc.timed_out,
             canceled=proc.canceled,
-        )
-
-    def _result(
-        self,
-        record: ToolCallRecord,
-        *,
-        tool: str,
-        outcome: Outcome,
-        text: str,
-        data: dict[str, Any] | None = None,
-        output: str = "",
-        output_bytes: int = 0,
-        truncated_bytes: int = 0,
-        timed_out: bool = False,
-        canceled: bool = False,
-    ) -> Result:
-        finished = self.ctx.wall_ms()
-        started = record.started_at_ms
-        return Result(
-            tool=tool,
-            outcome=outcome,
-            text=text,
-            data=data,
-            output=output,
-            output_bytes=output_bytes,
-            truncated_bytes=truncated_bytes,
-            timed_out=timed_out,
-            canceled=canceled,
-            started_at=started,
-            finished_at=finished,
-            wall_ms=None if started is None else max(0, finished - started),
+            finished_ms=self.ctx.wall_ms(),
         )
 
     # -----------------------------------------------------------------------------------------

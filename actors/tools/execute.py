@@ -7,8 +7,6 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from actors.processes import ExitStatus
-
 
 class ExecuteArgs(msgspec.Struct, kw_only=True):
     command: Annotated[str, msgspec.Meta(min_length=1)]
@@ -35,9 +33,3 @@ def env_for(args: ExecuteArgs, base: dict[str, str]) -> dict[str, str]:
     if args.env:
         env.update(args.env)
     return env
-
-
-def exit_text(status: ExitStatus) -> str:
-    if status.signal is not None:
-        return f"command was killed by {status.signal}"
-    return f"command exited with code {status.exit_code}"

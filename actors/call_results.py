@@ -1,0 +1,126 @@
+"""Building the one saved Result of a call (PROTOCOL.md 4, Result). Pure: no trio, no I/O.
+
+The chat actor decides *what* happened (the outcome); these functions only say it in the
+Result's terms: times counted from the FIRST start, the head+tail output with its omitted-bytes
+count, and the exact texts of PROTOCOL.md 7.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actors.output import OutputBuffer
+from actors.records import ToolCallRecord
+from actors.results import (
+    TEXT_CANCELED_WHILE_RUNNING,
+    Outcome,
+    Result,
+    ToolReport,
+    text_timed_out,
+)
+
+if TYPE_CHECKING:
+    from actors.processes import ExitStatus
+
+
+def make_result(
+    record: ToolCallRecord,
+    *,
+    finished_ms: int,
+    tool: str,
+    outcome: Outcome,
+    text: str,
+    data: dict[str, Any] | None = None,
+    output: str = "",
+    output_bytes: int = 0,
+    truncated_bytes: int = 0,
+    timed_out: bool = False,
+    canceled: bool = False,
+) -> Result:
+    started = record.started_at_ms
+    return Result(
+        tool=tool,
+        outcome=outcome,
+        text=text,
+        data=data,
+        output=output,
+        output_bytes=output_bytes,
+        truncated_bytes=truncated_bytes,
+        timed_out=timed_out,
+        canceled=canceled,
+        started_at=started,
+        finished_at=finished_ms,
+        # From the first start: a retry never restarts the clock (PROTOCOL.md 4).
+        wall_ms=None if started is None else max(0, finished_ms - started),
+    )
+
+
+def plain_result(
+    record: ToolCallRecord, tool: str, outcome: Outcome, text: str, finished_ms: int
+) -> Result:
+    """A result with no tool output: not run, denied, canceled, failed before or inside."""
+    canceled = outcome in (Outcome.CANCELED, Outcome.NOT_RUN) and record.cancel_requested
+    return make_result(
+        record, finished_ms=finished_ms, tool=tool, outcome=outcome, text=text, canceled=canceled
+    )
+
+
+def report_result(record: ToolCallRecord, report: ToolReport, finished_ms: int) -> Result:
+    """What a file or process tool reported about its own run."""
+    return make_result(
+        record,
+        finished_ms=finished_ms,
+        tool=record.tool or "",
+        outcome=report.outcome,
+        text=report.text,
+        data=report.data,
+        output=report.output,
+        output_bytes=len(report.output.encode()),
+    )
+
+
+def exit_text(status: ExitStatus) -> str:
+    if status.signal is not None:
+        return f"command was killed by {status.signal}"
+    return f"command exited with code {status.exit_code}"
+
+
+def execute_result(
+    record: ToolCallRecord,
+    *,
+    outcome: Outcome,
+    process_id: str,
+    output: OutputBuffer,
+    status: ExitStatus | None,
+    timeout_ms: int | None,
+    timed_out: bool,
+    canceled: bool,
+    finished_ms: int,
+) -> Result:
+    """An `execute` call's result: its exit status as data, its output head and tail."""
+    text_output, truncated = output.result_output()
+    if outcome is Outcome.TIMED_OUT:
+        text = text_timed_out(timeout_ms or 0)
+    elif outcome is Outcome.CANCELED:
+        text = TEXT_CANCELED_WHILE_RUNNING
+    elif status is None:
+        text = f"started in the background as process {process_id}"
+    else:
+        text = exit_text(status)
+    return make_result(
+        record,
+        finished_ms=finished_ms,
+        tool="execute",
+        outcome=outcome,
+        text=text,
+        data={
+            "exit_code": status.exit_code if status else None,
+            "signal": status.signal if status else None,
+            "process_id": process_id,
+        },
+        output=text_output,
+        output_bytes=output.total,
+        truncated_bytes=truncated,
+        timed_out=timed_out,
+        canceled=canceled,
+    )
