@@ -32,9 +32,19 @@ async def test_handshake_rejections(live: LiveServer) -> None:
     wrong = [(b"authorization", b"Bearer not-the-token")]
     assert await _rejected(live.url, wrong, ["toolwire.v1.json"]) == 401
     assert await _rejected(live.url, [(b"authorization", TOKEN.encode())], []) == 401
+    assert await _rejected(live.url, [(b"authorization", b"Basic " + TOKEN.encode())], []) == 401
+    assert (
+        await _rejected(live.url, [(b"authorization", b"Bearer " + TOKEN.encode()[:-1])], []) == 401
+    )
     assert await _rejected(base + "/v2", AUTH, ["toolwire.v1.json"]) == 404
     assert await _rejected(base + "/", AUTH, []) == 404
     assert await _rejected(live.url, AUTH, ["toolwire.v2.json", "graphql-ws"]) == 400
+
+
+async def test_the_auth_scheme_is_case_insensitive(live: LiveServer) -> None:
+    headers = [(b"AUTHORIZATION", b"bearer " + TOKEN.encode())]
+    async with open_websocket_url(live.url, extra_headers=headers) as ws:
+        assert json.loads(await ws.get_message())["type"] == "welcome"
 
 
 async def test_no_subprotocol_means_json_and_first_supported_offer_wins(live: LiveServer) -> None:

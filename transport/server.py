@@ -173,11 +173,15 @@ class Server:
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         assert self.config.token is not None
-        expected = b"Bearer " + self.config.token.encode()
+        expected = self.config.token.encode()
         for name, value in headers:
             if name.lower() == b"authorization":
-                # Constant time, so the token cannot be guessed byte by byte from timings.
-                return hmac.compare_digest(value.strip(), expected)
+                scheme, _, credentials = value.strip().partition(b" ")
+                # The scheme is case-insensitive (RFC 7235); the token is compared in constant
+                # time, so it cannot be guessed byte by byte from timings.
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), expected
+                )
         return False
 
 
