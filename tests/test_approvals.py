@@ -39,7 +39,7 @@ from actors.events import (
 from actors.outbox import Outbox
 from actors.results import TEXT_APPROVAL_EXPIRED, TEXT_CANCELED_BEFORE_RUN, TEXT_DENIED
 from tests.conftest import TOKEN, LiveServer, MakeServer, start_server
-from tests.wsclient import Message, RawConn
+from tests.wsclient import Message, RawConn, of, wait_for
 
 DENIED_TEXT = "tool call was denied; no changes were made"
 NOT_RUN_TEXT = "tool call was canceled before it ran; no changes were made"
@@ -101,24 +101,8 @@ def approve_msg(chat_id: str, call_id: str, approved: bool, **extra: Any) -> Mes
     } | extra
 
 
-def of(kind: str, call_id: str, chat_id: str | None = None) -> Callable[[Message], bool]:
-    return lambda m: (
-        m["type"] == kind
-        and m.get("call_id") == call_id
-        and (chat_id is None or m.get("chat_id") == chat_id)
-    )
-
-
 def with_rid(value: str) -> Callable[[Message], bool]:
     return lambda m: m.get("rid") == value
-
-
-async def wait_for(conn: RawConn, predicate: Callable[[Message], bool]) -> Message:
-    """The first message (already received or still to come) that matches."""
-    for message in conn.seen:
-        if predicate(message):
-            return message
-    return (await conn.recv_until(predicate))[-1]
 
 
 async def barrier(conn: RawConn) -> list[Message]:

@@ -44,7 +44,7 @@ from actors.results import (
 from actors.tools import files as file_tools
 from tests.conftest import TOKEN, LiveServer, MakeServer
 from tests.oswatch import alive
-from tests.wsclient import Message, RawConn
+from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
 TEST_DEADLINE_S = 10.0
@@ -87,24 +87,6 @@ def same_bytes(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return json.dumps(a) == json.dumps(b)
 
 
-def of(kind: str, call_id: str) -> Callable[[Message], bool]:
-    return lambda m: m["type"] == kind and m.get("call_id") == call_id
-
-
-async def wait_for(conn: RawConn, predicate: Callable[[Message], bool]) -> Message:
-    """The first message (already received or still to come) that matches."""
-    for message in conn.seen:
-        if predicate(message):
-            return message
-    return (await conn.recv_until(predicate))[-1]
-
-
-def messages(conn: RawConn, call_id: str, kind: str | None = None) -> list[Message]:
-    return [
-        m for m in conn.seen if m.get("call_id") == call_id and (kind is None or m["type"] == kind)
-    ]
-
-
 async def output_containing(conn: RawConn, call_id: str, text: str) -> None:
     """Wait until the call's streamed output so far contains `text`."""
     while text not in "".join(m["data"] for m in messages(conn, call_id, "output")):
@@ -145,22 +127,6 @@ async def gone(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
             await trio.sleep(0.02)
         return True
     return False
-
-
-def streamed(conn: RawConn, call_id: str) -> str:
-    """The call's output as a client de-duplicating by offset reassembles it."""
-    by_offset: dict[int, str] = {}
-    for m in messages(conn, call_id, "output"):
-        by_offset.setdefault(m["offset"], m["data"])
-    text, at = "", 0
-    for offset in sorted(by_offset):
-        data = by_offset[offset]
-        if offset + len(data.encode()) <= at:
-            continue
-        assert offset == at, f"gap: expected offset {at}, got {offset}"
-        text += data
-        at = offset + len(data.encode())
-    return text
 
 
 # --- 5.1: at most once ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import trio
 from actors.chat import CallRuntime
 from actors.tools import files as file_tools
 from tests.conftest import LiveServer
-from tests.wsclient import Message, RawConn
+from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
 TEST_DEADLINE_S = 10.0
@@ -69,10 +69,6 @@ def same_bytes(a: Any, b: Any) -> bool:
     return json.dumps(a) == json.dumps(b)
 
 
-def of(kind: str, call_id: str) -> Callable[[Message], bool]:
-    return lambda m: m["type"] == kind and m.get("call_id") == call_id
-
-
 def of_turn(kind: str, turn_id: str) -> Callable[[Message], bool]:
     return lambda m: m["type"] == kind and m.get("turn_id") == turn_id
 
@@ -81,41 +77,11 @@ def is_error(m: Message) -> bool:
     return bool(m["type"] == "error")
 
 
-async def wait_for(conn: RawConn, predicate: Callable[[Message], bool], start: int = 0) -> Message:
-    """The first message from index `start` (already received or still to come) that matches."""
-    for message in conn.seen[start:]:
-        if predicate(message):
-            return message
-    return (await conn.recv_until(predicate))[-1]
-
-
 async def wait_count(conn: RawConn, predicate: Callable[[Message], bool], n: int) -> list[Message]:
     """Wait until `n` received messages match; return them."""
     while sum(1 for m in conn.seen if predicate(m)) < n:
         await conn.recv()
     return [m for m in conn.seen if predicate(m)]
-
-
-def messages(conn: RawConn, call_id: str, kind: str | None = None) -> list[Message]:
-    return [
-        m for m in conn.seen if m.get("call_id") == call_id and (kind is None or m["type"] == kind)
-    ]
-
-
-def streamed(conn: RawConn, call_id: str) -> str:
-    """The call's output as a client de-duplicating by offset reassembles it."""
-    by_offset: dict[int, str] = {}
-    for m in messages(conn, call_id, "output"):
-        by_offset.setdefault(m["offset"], m["data"])
-    text, at = "", 0
-    for offset in sorted(by_offset):
-        data = by_offset[offset]
-        if offset + len(data.encode()) <= at:
-            continue
-        assert offset == at, f"gap: expected offset {at}, got {offset}"
-        text += data
-        at = offset + len(data.encode())
-    return text
 
 
 async def output_containing(conn: RawConn, call_id: str, text: str) -> None:

@@ -62,6 +62,46 @@ class RawConn:
         return got[-1]
 
 
+def messages(conn: RawConn, call_id: str, kind: str | None = None) -> list[Message]:
+    """Everything `conn` received about `call_id` (of one `type`, if given), in order."""
+    return [
+        m for m in conn.seen if m.get("call_id") == call_id and (kind is None or m["type"] == kind)
+    ]
+
+
+def streamed(conn: RawConn, call_id: str) -> str:
+    """The call's output as a client de-duplicating by offset reassembles it."""
+    by_offset: dict[int, str] = {}
+    for m in messages(conn, call_id, "output"):
+        by_offset.setdefault(m["offset"], m["data"])
+    text, at = "", 0
+    for offset in sorted(by_offset):
+        data = by_offset[offset]
+        if offset + len(data.encode()) <= at:
+            continue
+        assert offset == at, f"gap: expected offset {at}, got {offset}"
+        text += data
+        at = offset + len(data.encode())
+    return text
+
+
+async def wait_for(conn: RawConn, predicate: Callable[[Message], bool], start: int = 0) -> Message:
+    """The first message from index `start` (already received or still to come) that matches."""
+    for message in conn.seen[start:]:
+        if predicate(message):
+            return message
+    return (await conn.recv_until(predicate))[-1]
+
+
+def of(kind: str, call_id: str, chat_id: str | None = None) -> Callable[[Message], bool]:
+    """Matches a message of one `type` about one call (of one chat, if given)."""
+    return lambda m: (
+        m["type"] == kind
+        and m.get("call_id") == call_id
+        and (chat_id is None or m.get("chat_id") == chat_id)
+    )
+
+
 def is_result(call_id: str) -> Callable[[Message], bool]:
     return lambda m: m["type"] == "result" and m["call_id"] == call_id
 
