@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import trio
 
-# A single write hands at most this much to the kernel, so one huge backlog does not turn into
-# one huge copy; 256 KiB is several socket buffers' worth on loopback and LAN.
-MAX_WRITE_BYTES = 256 * 1024
-
 
 class WriteBufferedStream(trio.abc.Stream):
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
         self._buffer = bytearray()
+        self._in_flight = 0  # bytes of the write under way (taken out of the buffer)
         self._flushing = False
         self._data_ready = trio.Event()
         self._space = trio.Event()
@@ -35,7 +32,8 @@ class WriteBufferedStream(trio.abc.Stream):
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer)
+        """Bytes not yet handed to the kernel: queued, plus the write under way."""
+        return len(self._buffer) + self._in_flight
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._broken is not None:
@@ -55,7 +53,7 @@ class WriteBufferedStream(trio.abc.Stream):
 
     async def wait_writable(self, limit: int) -> None:
         """Wait until at most `limit` bytes are buffered (raises once the stream broke)."""
-        while len(self._buffer) > limit:
+        while self.buffered_bytes > limit:
             if self._broken is not None:
                 raise trio.BrokenResourceError("the connection is broken") from self._broken
             if self._closed and not self._flushing:
@@ -76,9 +74,12 @@ class WriteBufferedStream(trio.abc.Stream):
                     await self._data_ready.wait()
                     self._data_ready = trio.Event()
                     continue
-                chunk = bytes(self._buffer[:MAX_WRITE_BYTES])
-                del self._buffer[: len(chunk)]
+                # Take the whole buffer as it is (no copy) and start a new one for the frames
+                # queued while it is written.
+                chunk, self._buffer = self._buffer, bytearray()
+                self._in_flight = len(chunk)
                 await self.inner.send_all(chunk)
+                self._in_flight = 0
                 self._space.set()
                 self._space = trio.Event()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -96,7 +97,9 @@ class WriteBufferedStream(trio.abc.Stream):
         self._closed = True
         self._data_ready.set()
         try:
-            while self._buffer and self._flushing and self._broken is None:
+            # Until everything, the write under way included, reached the kernel: closing the
+            # inner stream under the last write would cut the close frame in half.
+            while self.buffered_bytes and self._flushing and self._broken is None:
                 await self._space.wait()
         finally:
             if self._broken is not None:
