@@ -8,7 +8,7 @@ directions, after the handshake unless a caller asks otherwise.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
@@ -182,12 +182,11 @@ def check_completed(message: Incoming) -> None:
         raise UnexpectedReply(f"call {message.call_id} ended {message.outcome}")
 
 
-async def pipelined_calls(
-    conn: WsConn, codec: Codec, frames: list[str | bytes], window: int
+async def _pipeline(
+    conn: WsConn, frames: list[str | bytes], window: int, answers: Callable[[str | bytes], bool]
 ) -> int:
-    """Send every frame with at most `window` calls unanswered; return the results received.
-
-    A call is answered by its `result` (or an `error`): `accepted` only says it was taken."""
+    """Send every frame with at most `window` unanswered; return the answers received.
+    `answers(message)` says whether an incoming message answers one frame."""
     ws = conn.ws
     slots = trio.Semaphore(window)
     total = len(frames)
@@ -201,33 +200,31 @@ async def pipelined_calls(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sender)
         while done < total:
-            message = codec.decode(await ws.get_message())
-            if message.type == "result" or message.type == "error":
-                check_completed(message)
+            if answers(await ws.get_message()):
                 done += 1
                 slots.release()
     return done
 
 
+async def pipelined_calls(
+    conn: WsConn, codec: Codec, frames: list[str | bytes], window: int
+) -> int:
+    """Toolwire calls: a call is answered by its `result` (or an `error`); `accepted` only
+    says it was taken."""
+
+    def answers(frame: str | bytes) -> bool:
+        message = codec.decode(frame)
+        if message.type == "result" or message.type == "error":
+            check_completed(message)
+            return True
+        return False
+
+    return await _pipeline(conn, frames, window, answers)
+
+
 async def pipelined_echo(conn: WsConn, frames: list[str | bytes], window: int) -> int:
     """The same pipeline against the echo server: a message is answered by its echo."""
-    ws = conn.ws
-    slots = trio.Semaphore(window)
-    total = len(frames)
-
-    async def sender() -> None:
-        for frame in frames:
-            await slots.acquire()
-            await ws.send_message(frame)
-
-    done = 0
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sender)
-        while done < total:
-            await ws.get_message()
-            done += 1
-            slots.release()
-    return done
+    return await _pipeline(conn, frames, window, lambda _frame: True)
 
 
 async def await_result(conn: WsConn, codec: Codec, call_id: str) -> Incoming:
