@@ -122,7 +122,6 @@ class ChatActor:
         self.records = RecordTable()
         self.processes = processes.ProcessTable(
             ctx.backend,
-            max_running=ctx.limits.max_processes_per_chat,
             exited_retention_s=ctx.limits.exited_retention_s,
             retention_bytes=ctx.limits.output_retention_bytes,
             result_bytes=ctx.limits.result_output_bytes,

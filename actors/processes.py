@@ -218,13 +218,11 @@ class ProcessTable:
         self,
         backend: ProcessBackend,
         *,
-        max_running: int,
         exited_retention_s: float,
         retention_bytes: int,
         result_bytes: int,
     ) -> None:
         self._backend = backend
-        self._max_running = max_running
         self._exited_retention_s = exited_retention_s
         self._retention_bytes = retention_bytes
         self._result_bytes = result_bytes
@@ -241,9 +239,6 @@ class ProcessTable:
 
     def running_count(self) -> int:
         return len(self._running)
-
-    def at_limit(self) -> bool:
-        return self.running_count() >= self._max_running
 
     def listing(self) -> list[ProcessRecord]:
         """Newest first, as `process_list` shows them: by start order (the dict keeps it), not
