@@ -292,7 +292,8 @@ class ChatActor:
         if not specs:
             raise ToolwireError("bad_args", "turn: calls must not be empty")
         seen: set[str] = set()
-        for spec in specs:
+        fingerprints = [args_fingerprint(spec.tool, spec.args) for spec in specs]
+        for spec, fp in zip(specs, fingerprints, strict=True):
             if spec.call_id in seen:
                 raise ToolwireError(
                     "bad_args", f"turn: call_id {spec.call_id!r} appears twice in one turn"
@@ -302,10 +303,7 @@ class ChatActor:
             if (
                 record is not None
                 and record.tool is not None
-                and (
-                    record.tool != spec.tool
-                    or record.fingerprint != args_fingerprint(spec.tool, spec.args)
-                )
+                and (record.tool != spec.tool or record.fingerprint != fp)
             ):
                 raise self._conflict(record)
         segments = planner.plan_segments(
@@ -315,8 +313,7 @@ class ChatActor:
         self.turns[turn_id] = run
         limiter = trio.CapacityLimiter(planner.MAX_PARALLEL_CALLS)
         created: set[str] = set()
-        for spec in specs:
-            fp = args_fingerprint(spec.tool, spec.args)
+        for spec, fp in zip(specs, fingerprints, strict=True):
             admission, record = self.records.admit(
                 spec.call_id,
                 spec.tool,
