@@ -70,8 +70,9 @@ class SpawnedProcess(Protocol):
     def signal_group(self, sig: signal.Signals) -> bool:
         """Signal the whole process group; False when no process of it is left."""
 
-    # Optional: `poll_exited() -> bool`, True once the shell has exited even if not reaped yet
-    # (see `has_exited`). Backends without it are judged by their reap alone.
+    def poll_exited(self) -> bool:
+        """True once the command's own process has exited, even before `wait` returned (a
+        zombie not reaped yet): a cancel arriving then must not call a finished run canceled."""
 
     def close(self) -> None:
         """Release OS resources (pipe, pidfd). Idempotent."""
@@ -301,10 +302,7 @@ def has_exited(record: ProcessRecord) -> bool:
     """True once the command's shell has exited, also in the moment between its exit and its
     reap task running (a zombie): a cancel arriving then must not call a finished run
     "canceled", and a signal sent then reaches nothing."""
-    if record.status is not None:
-        return True
-    poll = getattr(record.handle, "poll_exited", None)
-    return bool(poll is not None and poll())
+    return record.status is not None or record.handle.poll_exited()
 
 
 async def pump(record: ProcessRecord, on_output: Callable[[ProcessRecord], None]) -> None:

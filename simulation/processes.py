@@ -138,6 +138,9 @@ class SimProcess:
             with trio.move_on_at(self.death):
                 await self._changed.wait()
 
+    def poll_exited(self) -> bool:
+        return trio.current_time() >= self.death
+
     def signal_group(self, sig: signal.Signals) -> bool:
         now = trio.current_time()
         if now >= self.death:

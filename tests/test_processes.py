@@ -186,6 +186,9 @@ class _FakeHandle:
     def signal_group(self, sig: signal.Signals) -> bool:
         return False
 
+    def poll_exited(self) -> bool:
+        return True
+
     def close(self) -> None:
         pass
 

@@ -857,6 +857,9 @@ class _ScriptedProcess:
         self._exited.set()
         return ExitStatus(0, None)
 
+    def poll_exited(self) -> bool:
+        return self._exited.is_set()
+
     def signal_group(self, sig: signal.Signals) -> bool:
         return False
 
