@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import socket
 import stat
 import tempfile
 import threading
@@ -327,6 +328,61 @@ def test_read_matches_list_slicing(text: str, offset: int | None, limit: int | N
     assert r.outcome is Outcome.COMPLETED
     assert r.data == {"content": "".join(want), "lines": len(want), "total_lines": len(model)}
     assert r.output == ""
+
+
+def _lines_or_failure(lines: Any) -> list[tuple[bytes, str]] | str:
+    try:
+        return [(raw, text) for raw, text in lines]
+    except files.ToolFailure as failure:
+        return failure.text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from([b"a", b"bc", b"\n", b"\n\n", b"\r", "é".encode(), "💥".encode(), b"\0",
+                         b"\xe9", b"\xf0\x9f", b"x" * 9]),
+        max_size=40,
+    ).map(b"".join),
+    block=st.integers(1, 8),
+    sniff=st.integers(1, 12),
+)  # fmt: skip
+def test_read_file_lines_match_the_file_object_reader(data: bytes, block: int, sniff: int) -> None:
+    """read_file reads with os.read in blocks (`_fd_text_lines`); every other tool iterates a
+    file object (`_text_lines`). Same lines, same NUL sniff, same UTF-8 failure and offset,
+    wherever the blocks cut the lines."""
+    with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(files, "READ_BLOCK_BYTES", block)
+        mp.setattr(files, "BINARY_SNIFF_BYTES", sniff)
+        path = Path(d, "f")
+        path.write_bytes(data)
+        with open(path, "rb") as f:
+            model = _lines_or_failure(
+                (line.raw, line.text) for line in files._text_lines(f, "f", "read_file")
+            )
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = _lines_or_failure(files._fd_text_lines(fd, "f", "read_file"))
+        finally:
+            os.close(fd)
+    assert got == model
+
+
+def test_read_file_says_what_a_path_is_when_it_cannot_open_it(ws: Path) -> None:
+    """read_file opens first and fstats the open file; when the open itself fails, it still
+    names what the path is, as a stat before the open did: a socket cannot be opened (ENXIO) and
+    is "not a regular file", an unreadable file is "permission denied"."""
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(ws / "sock"))
+        assert_failed(read(ws, "sock"), "sock is not a regular file")
+    (ws / "secret.txt").write_text("x\n")
+    (ws / "secret.txt").chmod(0)
+    try:
+        if os.geteuid() != 0:  # root reads anything
+            assert_failed(read(ws, "secret.txt"), "cannot read secret.txt: permission denied")
+    finally:
+        (ws / "secret.txt").chmod(0o644)
 
 
 # --- write_file ---------------------------------------------------------------------------------

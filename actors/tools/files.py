@@ -57,6 +57,9 @@ READ_MAX_BYTES = 256 * 1024
 # A NUL byte within this many leading bytes marks a binary file. 8 KiB is what git and grep
 # sniff: text files practically never contain NUL, binary formats almost always do early on.
 BINARY_SNIFF_BYTES = 8 * 1024
+# read_file reads in blocks of this size: one read (and the one that finds the end) for most
+# source files.
+READ_BLOCK_BYTES = 64 * 1024
 # search_files stops after this many matches: a pattern like "e" would otherwise return every
 # line of the tree; 500 is enough to act on and bounds the result near 250 KB.
 SEARCH_MAX_MATCHES = 500
@@ -215,11 +218,36 @@ def _stat_regular(full: str, shown: str, verb: str, tool: str) -> os.stat_result
         st = os.stat(full)
     except OSError as e:
         raise _os_failure(e, shown, verb) from None
+    _check_regular(st, shown, tool)
+    return st
+
+
+def _check_regular(st: os.stat_result, shown: str, tool: str) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise ToolFailure(f"{shown} is a directory; {tool} works on files")
     if not stat.S_ISREG(st.st_mode):
         raise ToolFailure(f"{shown} is not a regular file; {tool} works on regular files")
-    return st
+
+
+def _open_regular(full: str, shown: str, tool: str) -> int:
+    """Open `full` for reading (following symlinks) and insist on a regular file; returns the
+    file descriptor. Open then fstat, with the same failures as `_stat_regular` then `open`:
+    stat first resolves the path twice, and the trivial call is mostly syscalls (issue 6).
+    O_NONBLOCK so that opening a FIFO does not wait for a writer (fstat then refuses it);
+    reads of a regular file ignore it."""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        # Name what the path is, as a stat before the open would have (a directory or a FIFO
+        # we may not open is still "a directory" or "not a regular file").
+        _stat_regular(full, shown, "read", tool)
+        raise _os_failure(e, shown, "read") from None
+    try:
+        _check_regular(os.fstat(fd), shown, tool)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # How each tool says it does not handle binary files.
@@ -251,14 +279,54 @@ def _text_lines(f: BinaryIO, shown: str, tool: str) -> Iterator[_TextLine]:
     f.seek(0)
     offset = 0
     for raw in f:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise _binary_failure(
-                shown, tool, f"not valid UTF-8 at byte {offset + e.start}"
-            ) from None
-        yield _TextLine(raw, text)
+        yield _TextLine(raw, _decode_line(raw, offset, shown, tool))
         offset += len(raw)
+
+
+def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
+    """`raw`, the line at byte `offset` of the file, as text; ToolFailure if not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {offset + e.start}") from None
+
+
+def _fd_text_lines(fd: int, shown: str, tool: str) -> Iterator[tuple[bytes, str]]:
+    """`_text_lines` over a file descriptor, as (raw, text) pairs: the same lines, checks and
+    failures, read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a buffered
+    file object (which adds an fstat, two lseeks and an ioctl to every open)."""
+    block = b""
+    eof = False
+    while len(block) < BINARY_SNIFF_BYTES:  # a short read must not shorten the sniff
+        more = os.read(fd, READ_BLOCK_BYTES)
+        if not more:
+            eof = True
+            break
+        block += more
+    if b"\0" in block[:BINARY_SNIFF_BYTES]:
+        raise _binary_failure(shown, tool, "it contains NUL bytes")
+    offset = 0
+    head: list[bytes] = []  # the start of a line that goes on in the next block
+    while True:
+        pieces = block.split(b"\n")
+        tail = pieces.pop()
+        if pieces and head:
+            head.append(pieces[0])
+            pieces[0] = b"".join(head)
+            head = []
+        for piece in pieces:
+            raw = piece + b"\n"
+            yield raw, _decode_line(raw, offset, shown, tool)
+            offset += len(raw)
+        if tail:
+            head.append(tail)
+        if eof:
+            break
+        block = os.read(fd, READ_BLOCK_BYTES)
+        eof = not block
+    if head:  # the last line, without a newline
+        raw = b"".join(head)
+        yield raw, _decode_line(raw, offset, shown, tool)
 
 
 # --- read_file ----------------------------------------------------------------------------------
@@ -285,7 +353,7 @@ def read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
 def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
     shown = args.path
     full = _resolve(workspace, shown)
-    _stat_regular(full, shown, "read", "read_file")
+    fd = _open_regular(full, shown, "read_file")
     start = args.offset if args.offset is not None else 1
     want = READ_MAX_LINES if args.limit is None else min(args.limit, READ_MAX_LINES)
     capped_by_lines = args.limit is None or args.limit > READ_MAX_LINES
@@ -295,34 +363,35 @@ def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
     stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
     note = ""  # why a cap stopped the read, with the offset to continue from
     try:
-        with open(full, "rb") as f:
-            for line in _text_lines(f, shown, "read_file"):
-                total += 1
-                if total < start or stopped_at is not None:
-                    continue
-                if len(parts) == want:
-                    stopped_at = total
-                    if capped_by_lines:
-                        note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
-                elif size + len(line.raw) <= READ_MAX_BYTES:
-                    parts.append(line.text)
-                    size += len(line.raw)
-                elif parts:
-                    stopped_at = total
-                    note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
-                else:
-                    # One line over the byte cap: return its head, cut on a character boundary
-                    # (the line decoded whole, so only the last character can be partial).
-                    cut = line.raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
-                    parts.append(cut)
-                    size = len(cut.encode("utf-8"))
-                    stopped_at = total + 1
-                    note = (
-                        f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
-                        f" to its first {size} bytes"
-                    )
+        for raw, text in _fd_text_lines(fd, shown, "read_file"):
+            total += 1
+            if total < start or stopped_at is not None:
+                continue
+            if len(parts) == want:
+                stopped_at = total
+                if capped_by_lines:
+                    note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
+            elif size + len(raw) <= READ_MAX_BYTES:
+                parts.append(text)
+                size += len(raw)
+            elif parts:
+                stopped_at = total
+                note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
+            else:
+                # One line over the byte cap: return its head, cut on a character boundary
+                # (the line decoded whole, so only the last character can be partial).
+                cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
+                parts.append(cut)
+                size = len(cut.encode("utf-8"))
+                stopped_at = total + 1
+                note = (
+                    f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
+                    f" to its first {size} bytes"
+                )
     except OSError as e:
         raise _os_failure(e, shown, "read") from None
+    finally:
+        os.close(fd)
     if note and stopped_at is not None and stopped_at <= total:
         note += f"; continue with offset={stopped_at}"
     content = "".join(parts)
