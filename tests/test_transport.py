@@ -9,11 +9,13 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+import trio.testing
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from actors.agent import Limits
 from tests.conftest import TOKEN, LiveServer, start_server
-from tests.wsclient import connect, is_result
+from tests.wsclient import FrameConn, connect, is_result
+from transport import server as server_module
 
 
 async def _rejected(url: str, headers: list[tuple[bytes, bytes]], protos: list[str]) -> int:
@@ -160,6 +162,109 @@ async def test_a_repeated_call_gets_the_saved_result_without_a_second_run(live: 
     assert replay["replay"] is True and replay["state"] == "done" and replay["requests"] == 2
     assert first == second
     assert marker.read_text() == "run\n"
+
+
+def _port(live: LiveServer) -> int:
+    return int(live.url.rsplit(":", 1)[1].split("/")[0])
+
+
+async def test_a_burst_in_one_write_is_answered_in_order_up_to_a_too_big_message(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The reader applies every message of a socket read in one go (transport/connection.py).
+    A burst in one TCP write, with a bad message and a too-big one in it, gets every reply
+    before the too-big message, in order, then the 1009; nothing after it runs."""
+    live = await start_server(nursery, tmp_path, limits=Limits(max_message_bytes=4096))
+    (tmp_path / "f.txt").write_text("hello\n")
+    marker = tmp_path / "marker"
+
+    def call(call_id: str, tool: str, args: dict[str, object], rid: int) -> str:
+        message = {"type": "call", "chat_id": "c", "call_id": call_id, "tool": tool,
+                   "args": args, "stream": False, "rid": rid}  # fmt: skip
+        return json.dumps(message, ensure_ascii=False)
+
+    read = {"path": "f.txt"}
+    too_big = call("big", "execute", {"command": f"touch {marker}", "pad": "é" * 3000}, 7)
+    assert len(too_big) < 4096 < len(too_big.encode())  # over the limit in bytes only
+    conn = await FrameConn.open(_port(live), TOKEN)
+    burst = conn.frames(
+        call("r0", "read_file", read, 0),
+        call("r1", "read_file", read, 1),
+        "{not json",
+        call("r2", "read_file", {"path": "missing.txt"}, 2),
+        json.dumps({"type": "detach", "chat_id": "c", "call_id": "nope", "rid": 3}),
+        call("r4", "read_file", read, 4),
+        too_big,
+        call("after", "execute", {"command": f"touch {marker}"}, 8),
+    )
+    with trio.fail_after(10):
+        await conn.stream.send_all(burst)
+        await conn.receive_until_closed()
+    await conn.aclose()
+    got = [json.loads(m) for m in conn.messages]
+    assert got[0]["type"] == "welcome"
+    assert [(m["type"], m.get("call_id"), m.get("rid")) for m in got[1:]] == [
+        ("accepted", "r0", 0),
+        ("result", "r0", None),
+        ("accepted", "r1", 1),
+        ("result", "r1", None),
+        ("error", None, None),
+        ("accepted", "r2", 2),
+        ("result", "r2", None),
+        ("error", "nope", 3),
+        ("accepted", "r4", 4),
+        ("result", "r4", None),
+    ]
+    assert got[2]["data"]["content"] == "hello\n" and got[7]["outcome"] == "failed"
+    assert got[5]["code"] == "bad_message" and got[8]["code"] == "unknown_call"
+    assert conn.closed_with == 1009
+    async with live.connect() as other:
+        for call_id in ("big", "after"):
+            await other.send({"type": "attach", "chat_id": "c", "call_id": call_id})
+            assert (await other.recv())["code"] == "unknown_call"
+    assert not marker.exists()
+
+
+async def test_a_client_that_floods_without_reading_stops_being_read(
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backpressure on requests: replies wait in the connection's outbox, and once too many
+    wait, the reader stops reading until the sender catches up. So a client that sends and
+    never reads blocks on its own socket instead of growing the agent's memory; once it reads,
+    every reply arrives, in order."""
+    monkeypatch.setattr(server_module, "MAX_QUEUED_EVENTS", 100)
+    monkeypatch.setattr(server_module, "SEND_HIGH_WATER_BYTES", 16 * 1024)
+    live = await start_server(nursery, tmp_path)
+    conn = await FrameConn.open(_port(live), TOKEN, rcvbuf=4096)
+    (session,) = live.server._sessions
+    total = 20_000
+    # Unknown fields are ignored. Over 20 MB of requests and 8 MB of replies (the call_id is
+    # in each): more than the kernel's socket buffers hold either way.
+    pad = "p" * 1000
+    sent = 0
+
+    async def flood() -> None:
+        nonlocal sent
+        for i in range(total):
+            call_id = f"{i:0200d}"
+            detach = {"type": "detach", "chat_id": "c", "call_id": call_id, "rid": i, "pad": pad}
+            await conn.stream.send_all(conn.frames(json.dumps(detach)))
+            sent += 1
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as inner:
+            inner.start_soon(flood)
+            await trio.testing.wait_all_tasks_blocked()
+            # Everyone is stuck: the client on its full socket, the agent's sender on the
+            # client's, and the agent's reader on the outbox, which stays bounded.
+            assert sent < total
+            assert len(session.outbox) <= 100 + 1
+            assert session.stream.buffered_bytes < 1024 * 1024
+            await conn.receive_messages(1 + total)
+    await conn.aclose()
+    errors = [json.loads(m) for m in conn.messages[1:]]
+    assert [e["rid"] for e in errors] == list(range(total))
+    assert {e["code"] for e in errors} == {"unknown_call"}
 
 
 BULK_MESSAGES = 400

@@ -13,6 +13,15 @@ from typing import Any
 import msgspec
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Event,
+    Request,
+    TextMessage,
+)
 
 Message = dict[str, Any]
 
@@ -134,3 +143,81 @@ async def connect(
             # trio-websocket leaves its TCP socket open after some closes; close it ourselves.
             with trio.move_on_after(1):
                 await ws.aclose()
+
+
+class FrameConn:
+    """A client on raw wsproto, for what trio-websocket's client cannot do: several messages in
+    one TCP write, fragmented messages, not reading at all, no automatic pongs."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self._parts: list[str | bytes] = []
+        self.messages: list[str | bytes] = []  # complete messages received, in order
+        self.closed_with: int | None = None
+
+    @classmethod
+    async def open(cls, port: int, token: str | None, *, rcvbuf: int | None = None) -> FrameConn:
+        """Connect and finish the handshake. `rcvbuf` shrinks the socket's receive buffer before
+        connecting, so that a client that stops reading blocks the agent's writes early."""
+        sock = trio.socket.socket()
+        if rcvbuf is not None:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, rcvbuf)
+        await sock.connect(("127.0.0.1", port))
+        conn = cls(trio.SocketStream(sock))
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        await conn.stream.send_all(
+            conn.ws.send(Request(host="127.0.0.1", target="/v1", extra_headers=headers))
+        )
+        while not await conn._receive(lambda event: isinstance(event, AcceptConnection)):
+            pass
+        return conn
+
+    def frames(self, *messages: str | bytes | Event) -> bytes:
+        """The bytes of these messages (or wsproto events), to send in one write."""
+        return b"".join(
+            self.ws.send(
+                m
+                if isinstance(m, Event)
+                else TextMessage(data=m)
+                if isinstance(m, str)
+                else BytesMessage(data=m)
+            )
+            for m in messages
+        )
+
+    async def receive_until_closed(self) -> None:
+        while self.closed_with is None:
+            if await self._receive(lambda event: False) is None:
+                return
+
+    async def receive_messages(self, count: int) -> None:
+        while len(self.messages) < count:
+            if await self._receive(lambda event: False) is None:
+                return
+
+    async def _receive(self, stop: Callable[[Event], bool]) -> bool | None:
+        """One socket read; True if an event matched `stop`, None at the end of the stream."""
+        data = await self.stream.receive_some(65536)
+        if not data:
+            return None
+        self.ws.receive_data(data)
+        found = False
+        for event in self.ws.events():
+            if isinstance(event, TextMessage | BytesMessage):
+                self._parts.append(event.data)
+                if event.message_finished:
+                    joined: str | bytes = (
+                        "".join(p for p in self._parts if isinstance(p, str))
+                        if isinstance(event, TextMessage)
+                        else b"".join(p for p in self._parts if isinstance(p, bytes))
+                    )
+                    self.messages.append(joined)
+                    self._parts = []
+            elif isinstance(event, CloseConnection):
+                self.closed_with = event.code
+            found = found or stop(event)
+        return found
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -3,7 +3,8 @@
 This is the only module of `transport` that knows `actors`: it hands decoded requests to the
 `Agent` and maps the actors' events to wire messages (DESIGN.md, dependency direction).
 
-Per connection: a reader task decodes each message and applies it to the agent synchronously;
+Per connection: the connection's reader task (trio-websocket's, see `transport/connection.py`)
+hands each message to the `Session`, which decodes it and applies it to the agent synchronously;
 a sender task drains the connection's outbox (pulling output from per-call cursors), encodes,
 and writes; a keepalive task pings. Closing a connection never stops, cancels or loses a call.
 """
@@ -19,12 +20,7 @@ from typing import Any
 
 import msgspec
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    WebSocketConnection,
-    WebSocketRequest,
-    wrap_server_stream,
-)
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
 from wsproto.events import BytesMessage, TextMessage
 from wsproto.utilities import LocalProtocolError
 
@@ -36,6 +32,7 @@ from actors.results import Result, ToolwireError
 from transport import protocol
 from transport.buffered import WriteBufferedStream
 from transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
+from transport.connection import DirectConnection, open_server_connection
 
 log = logging.getLogger("toolwire.server")
 
@@ -45,10 +42,11 @@ WS_PATH = "/v1"
 PING_INTERVAL_S = 20.0
 # A client has this long to finish the HTTP upgrade; slowloris connections are dropped.
 HANDSHAKE_TIMEOUT_S = 10.0
-# Messages trio-websocket may queue between its reader and ours. Our reader never blocks on the
-# agent (every request is applied synchronously), so a small queue suffices; it must be > 1 so a
-# briefly busy reader does not stop trio-websocket from answering pings (a known hazard).
-MESSAGE_QUEUE_SIZE = 64
+# Events waiting in a connection's outbox above which its reader stops reading requests until
+# the sender has caught up to half of it. Replies are a few hundred bytes each, so this bounds a
+# client that floods requests without reading to a few MiB. It counts events, never output
+# bytes: a sender blocked on bulk output must not stop the reader (see transport/buffered.py).
+MAX_QUEUED_EVENTS = 8192
 # Bytes per socket read: 64 KiB roughly doubles large-message throughput over the 4 KiB default.
 RECEIVE_BUFFER_BYTES = 64 * 1024
 # The sender stops taking events while more than this is waiting for the socket, so a stalled
@@ -115,16 +113,16 @@ class Server:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(buffered.flusher)
-                ws: WebSocketConnection | None = None
+                ws: DirectConnection | None = None
                 with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
-                    request = await wrap_server_stream(
+                    connection, request = await open_server_connection(
                         nursery,
                         buffered,
-                        message_queue_size=MESSAGE_QUEUE_SIZE,
-                        max_message_size=self.agent.ctx.limits.max_message_bytes,
+                        max_message_bytes=self.agent.ctx.limits.max_message_bytes,
                         receive_buffer_size=RECEIVE_BUFFER_BYTES,
                     )
-                    ws = await self._handshake(request)
+                    if await self._handshake(request):
+                        ws = connection
                 if ws is not None:
                     session = Session(self, ws, buffered)
                     self._sessions.add(session)
@@ -148,28 +146,30 @@ class Server:
         finally:
             await trio.aclose_forcefully(buffered)
 
-    async def _handshake(self, request: WebSocketRequest) -> WebSocketConnection | None:
+    async def _handshake(self, request: WebSocketRequest) -> bool:
+        """Accept the upgrade, or reject it with the status PROTOCOL.md 1 names (False)."""
         path = request.path.split("?", 1)[0]
         if path != WS_PATH:
             await request.reject(404, body=f"no such path; use {WS_PATH}\n".encode())
-            return None
+            return False
         if self._closing:
             await request.reject(503, body=b"agent shutting down\n")
-            return None
+            return False
         if self.config.token is not None and not self._authorized(request.headers):
             await request.reject(
                 401,
                 extra_headers=[(b"WWW-Authenticate", b"Bearer")],
                 body=b"missing or wrong bearer token\n",
             )
-            return None
+            return False
         offered = list(request.proposed_subprotocols)
         chosen = choose_subprotocol(offered)
         if offered and chosen is None:
             body = f"unsupported subprotocols; this agent speaks {', '.join(SUBPROTOCOLS)}\n"
             await request.reject(400, body=body.encode())
-            return None
-        return await request.accept(subprotocol=chosen)
+            return False
+        await request.accept(subprotocol=chosen)
+        return True
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         assert self.config.token is not None
@@ -227,11 +227,12 @@ class BatchWriter:
 
 
 class Session:
-    """One connection: its outbox, its reader, sender and keepalive tasks."""
+    """One connection: its outbox, its sender and keepalive tasks, and the `MessageSink` the
+    connection's reader hands each request to (`transport/connection.py`)."""
 
     _next_id = 0
 
-    def __init__(self, server: Server, ws: WebSocketConnection, stream: WriteBufferedStream):
+    def __init__(self, server: Server, ws: DirectConnection, stream: WriteBufferedStream):
         Session._next_id += 1
         self.id = Session._next_id
         self.server = server
@@ -241,7 +242,10 @@ class Session:
         encoding = SUBPROTOCOLS.get(ws.subprotocol or "", "json")
         self.codec = Codec("msgpack" if encoding == "msgpack" else "json")
         self.outbox = Outbox(f"conn-{self.id}")
-        self.max_bytes = self.agent.ctx.limits.max_message_bytes
+        # Set by the sender after each batch, for whoever waits for the outbox to shrink (the
+        # reader when backlogged, the 1009 close); created only while someone waits.
+        self._progress: trio.Event | None = None
+        self._too_big = trio.Event()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             protocol.Call: self._on_call,
             protocol.Attach: self._on_attach,
@@ -265,51 +269,68 @@ class Session:
         try:
             await self.ws.send_message(self.codec.encode(welcome))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reader, nursery.cancel_scope)
+                nursery.start_soon(self._watch, nursery.cancel_scope)
+                nursery.start_soon(self._close_when_too_big, nursery.cancel_scope)
                 nursery.start_soon(self._sender)
                 nursery.start_soon(self._keepalive)
+                # Requests sent right behind the handshake waited in the reader for this.
+                self.ws.attach(self)
         except* (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
+            self.ws.detach()
             self.outbox.close()
+            self._progressed()  # a reader waiting for room reads on (and drops what it reads)
             log.debug("connection %s closed", self.id)
 
     async def close(self, code: int, reason: str) -> None:
         with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
             await self.ws.aclose(code, reason)
 
-    async def _reader(self, scope: trio.CancelScope) -> None:
-        # Messages trio-websocket has already queued are taken without a checkpoint each (the
-        # same internals caveat as BatchWriter): a burst of pipelined requests is applied in
-        # one go, and their replies leave in one batch.
-        queued: trio.MemoryReceiveChannel[str | bytes] = self.ws._recv_channel
+    # MessageSink: called by the connection's reader task, synchronously, per message.
+
+    def on_message(self, message: str | bytes) -> None:
+        self._dispatch(message)
+
+    def on_too_big(self) -> None:
+        self._too_big.set()
+
+    def backlogged(self) -> bool:
+        return len(self.outbox) > MAX_QUEUED_EVENTS
+
+    async def wait_for_room(self) -> None:
+        while len(self.outbox) > MAX_QUEUED_EVENTS // 2 and not self.outbox.closed:
+            await self._wait_progress()
+
+    async def _wait_progress(self) -> None:
+        if self._progress is None:
+            self._progress = trio.Event()
+        await self._progress.wait()
+
+    def _progressed(self) -> None:
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
+
+    async def _watch(self, scope: trio.CancelScope) -> None:
+        """End the session when the connection closes: trio-websocket closes its (otherwise
+        unused) message channel then, whoever closed it."""
         try:
             while True:
-                frame = await self.ws.get_message()
-                while True:
-                    if self._too_big(frame):
-                        await self.ws.aclose(CLOSE_TOO_BIG, "message too big")
-                        scope.cancel()
-                        return
-                    self._dispatch(frame)
-                    try:
-                        frame = queued.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    except (trio.EndOfChannel, trio.ClosedResourceError):
-                        raise ConnectionClosed(self.ws.closed) from None
+                self._dispatch(await self.ws.get_message())  # never a message in practice
         except ConnectionClosed:
             pass
         scope.cancel()
 
-    def _too_big(self, frame: str | bytes) -> bool:
-        # trio-websocket counts characters; the limit is in bytes (PROTOCOL.md 1). A text message
-        # can only exceed it in bytes if it is over a quarter of it in characters.
-        return (
-            isinstance(frame, str)
-            and len(frame) * 4 > self.max_bytes
-            and len(frame.encode()) > self.max_bytes
-        )
+    async def _close_when_too_big(self, scope: trio.CancelScope) -> None:
+        await self._too_big.wait()
+        # The requests before the too-big message were applied and their replies queued: they
+        # go out first (for as long as a close may take), then the close frame.
+        with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
+            while len(self.outbox):
+                await self._wait_progress()
+        await self.close(CLOSE_TOO_BIG, "message too big")
+        scope.cancel()
 
     def _dispatch(self, frame: str | bytes) -> None:
         try:
@@ -367,6 +388,7 @@ class Session:
             if outbox.closed:
                 return
             await writer.send([encode(to_wire(event)) for event in outbox.take(SEND_BATCH_EVENTS)])
+            self._progressed()
             # Backpressure: a client that does not read stops us here, not its calls.
             await self.stream.wait_writable(SEND_HIGH_WATER_BYTES)
 

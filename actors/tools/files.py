@@ -238,8 +238,8 @@ def _open_regular(full: str, shown: str, tool: str) -> int:
     try:
         fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as e:
-        # Name what the path is, as a stat before the open would have (a directory or a FIFO
-        # we may not open is still "a directory" or "not a regular file").
+        # Name what the path is, as a stat before the open did: a socket (which cannot be
+        # opened) is "not a regular file", a directory we may not read is "a directory".
         _stat_regular(full, shown, "read", tool)
         raise _os_failure(e, shown, "read") from None
     try:

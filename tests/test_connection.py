@@ -1,0 +1,104 @@
+"""transport/connection.py on its own: a `DirectConnection` over a real socket, fed by a raw
+wsproto client, handing messages to a sink defined here."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+from wsproto.events import TextMessage
+
+from tests.wsclient import FrameConn
+from transport.connection import DirectConnection, open_server_connection
+
+
+class Sink:
+    """Records what the connection hands over; raises on the message "boom"."""
+
+    def __init__(self) -> None:
+        self.messages: list[str | bytes] = []
+        self.too_big = 0
+
+    def on_message(self, message: str | bytes) -> None:
+        if message == "boom":
+            raise RuntimeError("planted failure")
+        self.messages.append(message)
+
+    def on_too_big(self) -> None:
+        self.too_big += 1
+
+    def backlogged(self) -> bool:
+        return False
+
+    async def wait_for_room(self) -> None:
+        raise AssertionError("never backlogged")
+
+
+async def _serve_one(
+    nursery: trio.Nursery, max_message_bytes: int, *, attach: bool = True
+) -> tuple[int, trio.MemoryReceiveChannel[DirectConnection], Sink]:
+    """Listen on 127.0.0.1; the first client gets a DirectConnection (sent on the channel)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    send, receive = trio.open_memory_channel[DirectConnection](1)
+    sink = Sink()
+
+    async def accept_one() -> None:
+        stream = await listeners[0].accept()
+        async with trio.open_nursery() as conn_nursery:
+            connection, request = await open_server_connection(
+                conn_nursery, stream, max_message_bytes=max_message_bytes, receive_buffer_size=None
+            )
+            await request.accept()
+            if attach:
+                connection.attach(sink)
+            await send.send(connection)
+
+    nursery.start_soon(accept_one)
+    return port, receive, sink
+
+
+async def test_fragmented_messages_are_joined_and_counted_in_bytes(nursery: trio.Nursery) -> None:
+    port, connections, sink = await _serve_one(nursery, max_message_bytes=10)
+    client = await FrameConn.open(port, None)
+    await connections.receive()
+    await client.stream.send_all(
+        client.frames(
+            TextMessage(data="ab", message_finished=False),
+            TextMessage(data="cd", message_finished=True),
+            b"\x00\x01",
+            "éé",  # 2 characters, 4 bytes
+            TextMessage(data="é" * 3, message_finished=False),  # 6 bytes so far
+            TextMessage(data="é" * 3, message_finished=True),  # 12 bytes: over 10
+            "after",
+        )
+    )
+    with trio.fail_after(5):
+        while not sink.too_big:
+            await trio.testing.wait_all_tasks_blocked()
+    assert sink.messages == ["abcd", b"\x00\x01", "éé"]
+    assert sink.too_big == 1
+    await client.aclose()
+
+
+async def test_messages_wait_for_the_sink_and_a_failing_sink_closes_with_1011(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    port, connections, sink = await _serve_one(nursery, max_message_bytes=1000, attach=False)
+    client = await FrameConn.open(port, None)
+    connection = await connections.receive()
+    await client.stream.send_all(client.frames("first", "boom", "never"))
+    await trio.testing.wait_all_tasks_blocked()
+    assert sink.messages == []  # no sink yet: the reader waits, nothing is dropped
+    with caplog.at_level(logging.ERROR, logger="toolwire.server"):
+        connection.attach(sink)
+        with trio.fail_after(5):
+            await client.receive_until_closed()
+    assert client.closed_with == 1011
+    assert sink.messages == ["first"]
+    assert any(r.exc_info and "planted failure" in str(r.exc_info[1]) for r in caplog.records), (
+        caplog.records
+    )
+    await client.aclose()
