@@ -69,6 +69,11 @@ class Codec:
             return data.decode()
         return data
 
+    def encode_bytes(self, message: msgspec.Struct) -> bytes:
+        """One protocol message as a WebSocket message's payload: UTF-8 JSON (always valid:
+        msgspec refuses lone surrogates) for a text frame, or MessagePack for a binary one."""
+        return self._encoder.encode(message)
+
     def decode(self, frame: str | bytes) -> Any:
         """Decode one WebSocket message into a protocol Struct, or raise MessageError."""
         try:

@@ -21,15 +21,14 @@ from typing import Any
 import msgspec
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
-from wsproto.events import BytesMessage, TextMessage
-from wsproto.utilities import LocalProtocolError
+from wsproto.connection import ConnectionState
 
 from actors import events
 from actors.agent import Agent
 from actors.chat import CallSpec
 from actors.outbox import Outbox
 from actors.results import Result, ToolwireError
-from transport import protocol
+from transport import frames, protocol
 from transport.buffered import WriteBufferedStream
 from transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
 from transport.connection import DirectConnection, open_server_connection
@@ -193,37 +192,33 @@ class BatchWriter:
     Why: `WebSocketConnection.send_message` takes the send lock per message, and taking it is a
     scheduler checkpoint, so every message costs a task switch and usually its own `send`
     syscall. Per-message overhead, not the codec, bounds small-message throughput (issue 6).
-    This uses two internals of trio-websocket (its wsproto connection and its send lock), which
-    is why pyproject.toml pins trio-websocket; the framing and locking rules are exactly the ones
-    `send_message` follows, so frames from the reader (pongs, close) never interleave with ours.
+    The frames are made by `transport/frames.py` straight from msgspec's bytes. This uses two
+    internals of trio-websocket (its wsproto connection, for the state, and its send lock),
+    which is why pyproject.toml pins trio-websocket; the state and locking rules are the ones
+    `send_message` follows, so frames from the reader (pongs, close) never interleave with ours
+    and no data frame follows a close frame.
     """
 
-    def __init__(self, ws: WebSocketConnection, stream: WriteBufferedStream) -> None:
+    def __init__(self, ws: WebSocketConnection, stream: WriteBufferedStream, *, text: bool) -> None:
         self._ws = ws
         self._stream = stream
         self._wsproto = ws._wsproto
         self._lock: trio.StrictFIFOLock = ws._stream_lock
+        self._first = frames.TEXT if text else frames.BINARY
 
-    async def send(self, payloads: list[str | bytes]) -> None:
+    async def send(self, payloads: list[bytes]) -> None:
+        """Send each payload (msgspec's output: UTF-8 JSON for a text connection) as a message."""
         if not payloads:
             return
         ws = self._ws
         if ws._close_reason is not None:
             raise ConnectionClosed(ws._close_reason)
-        try:
-            frames = b"".join(
-                self._wsproto.send(
-                    TextMessage(data=payload)
-                    if isinstance(payload, str)
-                    else BytesMessage(data=payload)
-                )
-                for payload in payloads
-            )
-        except LocalProtocolError:
+        if self._wsproto.state is not ConnectionState.OPEN:
             # The connection started closing under us: like send_message, report it closed.
-            raise ConnectionClosed(ws._close_reason) from None
+            raise ConnectionClosed(ws._close_reason)
+        data = frames.frames(self._first, payloads)
         async with self._lock:
-            await self._stream.send_all(frames)
+            await self._stream.send_all(data)
 
 
 class Session:
@@ -381,8 +376,8 @@ class Session:
 
     async def _sender(self) -> None:
         outbox = self.outbox
-        encode = self.codec.encode
-        writer = BatchWriter(self.ws, self.stream)
+        encode = self.codec.encode_bytes
+        writer = BatchWriter(self.ws, self.stream, text=self.codec.encoding == "json")
         while True:
             await outbox.wait()
             if outbox.closed:
