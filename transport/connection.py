@@ -93,7 +93,8 @@ class DirectConnection(WebSocketConnection):
         self._sink_attached.set()
 
     async def _handle_message_event(self, event: BytesMessage | TextMessage) -> None:
-        if self._refusing:
+        if self._refusing or self._close_reason is not None:
+            # Once this side started closing, trio-websocket discards what still arrives.
             return
         data: str | bytes | bytearray = event.data
         if isinstance(data, bytearray):  # wsproto's type allows it; wsproto 1.3 gives bytes
