@@ -146,7 +146,8 @@ class ChatActor:
         self.turns: dict[str, TurnRun] = {}
         # execute calls accepted but not spawned yet: each holds a process slot, so a burst of
         # calls within one scheduling tick cannot get past max_processes_per_chat.
-        self._launching: set[str] = set()
+        # (A dict used as a set: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
+        self._launching: dict[str, None] = {}
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
@@ -563,7 +564,7 @@ class ChatActor:
                 self._spawn(self._run_inline_when_durable, record, tool, runtime, seq)
             return
         if tool.kind is ToolKind.EXECUTE:
-            self._launching.add(record.call_id)
+            self._launching[record.call_id] = None
         self._spawn(self._run_task, record, tool)
 
     def _begin(self, record: ToolCallRecord) -> int:
@@ -638,7 +639,7 @@ class ChatActor:
                 result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             self._finish(record, result)
         finally:
-            self._launching.discard(record.call_id)
+            self._launching.pop(record.call_id, None)
 
     async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
         if record.state is not RecordState.QUEUED and record.state is not (
@@ -676,7 +677,7 @@ class ChatActor:
         seq = self._begin(record)
         if not await self._durable_start(record, seq):
             return
-        self._launching.discard(record.call_id)
+        self._launching.pop(record.call_id, None)
         if self._at_process_limit():
             limit = self.ctx.limits.max_processes_per_chat
             self._finish(

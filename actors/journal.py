@@ -288,6 +288,9 @@ class SqliteJournal(Journal):
             self._durable_seq = last
             self._committed.set()
             self._committed = trio.Event()
+            # Not kept while idle: the last batch holds up to MAX_BATCH encoded rows (megabytes
+            # of results that now live on disk only).
+            del batch
 
     def _commit(self, batch: list[tuple[str, tuple[Any, ...]]]) -> None:
         db = self._db

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -117,8 +116,12 @@ class TransitionError(Exception):
 class RecordTable:
     """All records of one chat, ordered by last touch so that forgetting is O(forgotten)."""
 
+    __slots__ = ("_records",)
+
     def __init__(self) -> None:
-        self._records: OrderedDict[str, ToolCallRecord] = OrderedDict()
+        # A plain dict keeps insertion order, and a touch re-inserts: the same order as an
+        # OrderedDict's move_to_end at about 50 bytes less per record (10,000 chats x 10).
+        self._records: dict[str, ToolCallRecord] = {}
 
     def __len__(self) -> int:
         return len(self._records)
@@ -138,7 +141,9 @@ class RecordTable:
     def touch(self, record: ToolCallRecord, now: float) -> None:
         """Every request, attach or cancel that names a record resets its age (5.4)."""
         record.touched_at = now
-        self._records.move_to_end(record.call_id)
+        records = self._records
+        del records[record.call_id]
+        records[record.call_id] = record
 
     def admit(
         self,
