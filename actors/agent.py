@@ -127,13 +127,13 @@ class Agent:
 
     def _recover(self) -> int:
         """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
-        rows = self.ctx.journal.load()
-        rows.sort(key=lambda row: row.touched_at_ms)
         now_wall, now = self.ctx.wall_ms(), trio.current_time()
-        for row in rows:
+        recovered = 0
+        for row in self.ctx.journal.recover():
             touched_at = wall_ms_to_monotonic(row.touched_at_ms, now_wall, now)
             self.chat(row.chat_id).restore(row, touched_at)
-        return len(rows)
+            recovered += 1
+        return recovered
 
     def chat(self, chat_id: str) -> ChatActor:
         chat = self.chats.get(chat_id)

@@ -68,6 +68,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolwire.chat")
 
 
+def shared_tool_name(name: str) -> str:
+    """The registry's own string for a known tool name: a record keeps it for as long as it
+    lives, and a name decoded from a request or a journal row is a new string each time (about
+    60 bytes per record, 100,000 records)."""
+    tool = TOOLS.get(name)
+    return tool.name if tool is not None else name
+
+
 @dataclass(frozen=True, slots=True)
 class CallSpec:
     """A tool call as requested (a `call` message, or one call of a `turn`)."""
@@ -218,7 +226,11 @@ class ChatActor:
             self._check_options(tool, spec)
         fingerprint = args_fingerprint(spec.tool, spec.args)
         admission, record = self.records.admit(
-            spec.call_id, spec.tool, fingerprint, self._now(), initial_state=RecordState.QUEUED
+            spec.call_id,
+            shared_tool_name(spec.tool),
+            fingerprint,
+            self._now(),
+            initial_state=RecordState.QUEUED,
         )
         assert record is not None
         if admission is Admission.CONFLICT:
@@ -344,7 +356,7 @@ class ChatActor:
         for spec, fp in zip(specs, fingerprints, strict=True):
             admission, record = self.records.admit(
                 spec.call_id,
-                spec.tool,
+                shared_tool_name(spec.tool),
                 fp,
                 self._now(),
                 initial_state=RecordState.QUEUED,
@@ -1178,7 +1190,7 @@ class ChatActor:
         runtime = CallRuntime(spec=spec)
         record = ToolCallRecord(
             call_id=row.call_id,
-            tool=row.tool,
+            tool=None if row.tool is None else shared_tool_name(row.tool),
             fingerprint=row.fingerprint,
             state=RecordState(row.state),
             touched_at=touched_at,

@@ -35,6 +35,7 @@ def _is_toolwire(name: str) -> bool:
         "bytes_per_chat_memory",
         "bytes_per_record_memory",
         "rss_mb_burst",
+        "rss_mb_recovered",
         "procs_completed",
         "procs_peak",
         "procs_wall_s",

@@ -9,6 +9,9 @@ record keeps what a real one keeps, its subscription included. Every call is a `
 full garbage collection, in two steps: after 1 record per chat (chats + first records), and
 after the other M-1 records per chat (the per-record cost, chats excluded).
 
+`--recover` instead boots a fresh agent on the SQLite journal a previous run left in
+`--state-dir` and reports its RSS once every record is rebuilt (a restart of the same chats).
+
 `--journal sqlite` is what `toolwire serve` runs by default: the SQLite journal in the state dir
 (WAL, group commit, fsync per commit), where a durable result lives instead of the heap; its
 RSS includes SQLite's own page cache. `--journal memory` keeps every result on its record (the
@@ -127,6 +130,35 @@ async def measure(
     }
 
 
+async def recover(workspace: str, state_dir: Path) -> dict[str, float | str]:
+    gc.collect()
+    rss_start = rss_bytes()
+    journal = open_journal("sqlite", state_dir)
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        agent: Agent = await nursery.start(
+            Agent(AgentContext(workspace=workspace, journal=journal)).run
+        )
+        seconds = time.perf_counter() - t0
+        await trio.sleep(0.05)
+        gc.collect()
+        rss = rss_bytes()
+        on_heap = sum(
+            1 for chat in agent.chats.values() for rec in chat.records if rec.result is not None
+        )
+        nursery.cancel_scope.cancel()
+    journal.close()
+    return {
+        "journal": "sqlite",
+        "chats": len(agent.chats),
+        "records": agent.recovered,
+        "results_on_heap": on_heap,
+        "rss_start_bytes": rss_start,
+        "rss_recovered_bytes": rss,
+        "seconds": seconds,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workspace", required=True)
@@ -137,7 +169,15 @@ def main() -> None:
         "--state-dir", type=Path, default=None, help="for --journal sqlite (default: a temp dir)"
     )
     parser.add_argument("--window", type=int, default=WINDOW, help="calls in flight at most")
+    parser.add_argument(
+        "--recover", action="store_true", help="boot on the journal in --state-dir instead"
+    )
     args = parser.parse_args()
+    if args.recover:
+        if args.state_dir is None:
+            parser.error("--recover needs --state-dir")
+        print(json.dumps(trio.run(recover, args.workspace, args.state_dir)), flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="scale-state-") as tmp:
         state_dir = args.state_dir or Path(tmp)
         result = trio.run(

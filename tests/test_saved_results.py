@@ -30,7 +30,7 @@ from actors.events import (
     ResultEvent,
     TurnResultEvent,
 )
-from actors.journal import JournalRow, SqliteJournal
+from actors.journal import Journal, JournalRow, SqliteJournal
 from actors.outbox import Outbox
 from actors.records import ToolCallRecord
 from actors.results import Outcome, ToolwireError
@@ -383,3 +383,33 @@ def test_a_turn_result_read_back_keeps_request_order_and_comes_last(tmp_path: Pa
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=clock)
+
+
+def test_sqlite_recovers_rows_one_at_a_time_in_touch_order(tmp_path: Path) -> None:
+    """The order recovery rebuilds records in (forgetting relies on it): by touch time, then by
+    key, as the sorted list of every row that recovery used to load at once."""
+    path = tmp_path / "journal.sqlite3"
+    journal = SqliteJournal(path)
+    touches = random.Random(7).sample(range(1, 400), 60)
+    rows = [
+        JournalRow(
+            chat_id=f"chat-{i % 3}",
+            call_id=f"call-{i}",
+            state="done",
+            tool="read_file",
+            fingerprint=b"f",
+            touched_at_ms=touches[i] // 2,
+        )
+        for i in range(60)
+    ]
+    journal._commit([("INSERT INTO calls VALUES (?, ?, ?, ?)", (
+        row.chat_id, row.call_id, msgspec.msgpack.encode(row), row.touched_at_ms,
+    )) for row in rows])  # fmt: skip
+    recovered = journal.recover()
+    first = next(recovered)  # a generator: rows come off the cursor as they are asked for
+    order = [(r.touched_at_ms, r.chat_id, r.call_id) for r in [first, *recovered]]
+    assert order == sorted((r.touched_at_ms, r.chat_id, r.call_id) for r in rows)
+    # The other journals recover in the same order from what they load.
+    loaded = [r.call_id for r in Journal.recover(journal)]
+    assert loaded == [call_id for _, _, call_id in order]
+    journal.close()

@@ -8,7 +8,9 @@
   connection's pipelining window, as in the transport scenario). For comparison: the memory
   journal, where every result stays on its record; and the same SQLite run driven as one burst
   of 4,096 calls at a time, whose transient tasks leave the allocator holding more memory once
-  idle (RSS depends on how the chats were filled, not only on what they hold).
+  idle (RSS depends on how the chats were filled, not only on what they hold). And a restart: a
+  fresh process recovers the SQLite run's journal and reports its RSS once every record is
+  rebuilt.
 - Processes: one WebSocket to the toolwire server process starts 1,000 `sleep 2` calls at once
   (`stream: false`), spread over chats of at most 50 (max_processes_per_chat is 64), and checks
   that every call completed with exit code 0. The peak held at once is the largest overlap of
@@ -100,6 +102,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
         "bytes",
         higher_is_better=False,
     )
+    m_rss_recovered = res.measurement(
+        "rss_mb_recovered",
+        f"RSS after a restart rebuilt the {chats:,} chats x {records} records (SQLite)",
+        "MiB",
+        higher_is_better=False,
+    )
     m_rss_burst = res.measurement(
         "rss_mb_burst",
         f"RSS with {chats:,} chats x {records} records, SQLite, {BURST_WINDOW:,} calls at a time",
@@ -126,14 +134,15 @@ def run(ctx: BenchContext) -> ScenarioResult:
     with servers(ctx, "toolwire") as srv:
         server = srv["toolwire"]
 
-        def worker(journal: str, window: int) -> dict[str, float]:
-            out = _scale_worker(ctx, workspace, chats, records, journal, window)
+        def worker(journal: str, window: int, state_dir: Path | None = None) -> dict[str, float]:
+            out = _scale_worker(ctx, workspace, chats, records, journal, window, state_dir)
             if out["records_done"] != chats * records:
                 raise UnexpectedReply(f"scale worker: {out}")
             return out
 
         def memory_sqlite(r: int) -> None:
-            out = worker("sqlite", WINDOW)
+            state_dir = ctx.scratch("scale-state")
+            out = worker("sqlite", WINDOW, state_dir)
             m_rss.add(
                 out["rss_all_bytes"] / MB,
                 rss_start_mib=out["rss_start_bytes"] / MB,
@@ -142,6 +151,15 @@ def run(ctx: BenchContext) -> ScenarioResult:
             )
             m_chat.add(out["per_chat_bytes"])
             m_record.add(out["per_record_bytes"], result_msgpack_bytes=out["result_msgpack_bytes"])
+            # A restart of the same chats: a fresh agent rebuilds every record from the journal.
+            again = _scale_worker(ctx, workspace, chats, records, "sqlite", WINDOW, state_dir, True)
+            if again["records"] != chats * records:
+                raise UnexpectedReply(f"scale worker --recover: {again}")
+            m_rss_recovered.add(
+                again["rss_recovered_bytes"] / MB,
+                rss_start_mib=again["rss_start_bytes"] / MB,
+                boot_s=again["seconds"],
+            )
 
         def memory_memory(r: int) -> None:
             out = worker("memory", WINDOW)
@@ -200,6 +218,11 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "bytes_per_record_memory",
         ),
         Comparison(
+            "RSS of the same chats after a restart rebuilt them from the SQLite journal",
+            "rss_mb_recovered",
+            None,
+        ),
+        Comparison(
             f"RSS of the same chats filled {BURST_WINDOW:,} calls at a time (SQLite journal)",
             "rss_mb_burst",
             None,
@@ -226,7 +249,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
 
 def _scale_worker(
-    ctx: BenchContext, workspace: Path, chats: int, records: int, journal: str, window: int
+    ctx: BenchContext,
+    workspace: Path,
+    chats: int,
+    records: int,
+    journal: str,
+    window: int,
+    state_dir: Path | None = None,
+    recover: bool = False,
 ) -> dict[str, float]:
     argv = [
         ctx.python,
@@ -244,7 +274,9 @@ def _scale_worker(
         str(window),
     ]
     if journal == "sqlite":
-        argv += ["--state-dir", str(ctx.scratch("scale-state"))]
+        argv += ["--state-dir", str(state_dir or ctx.scratch("scale-state"))]
+    if recover:
+        argv.append("--recover")
     out = subprocess.run(
         argv, capture_output=True, text=True, env=child_env(), cwd=ctx.workdir, check=False
     )
