@@ -21,6 +21,7 @@ from actors import processes
 from actors.chat import CallSpec, ChatActor
 from actors.journal import Journal, MemoryJournal, wall_ms_to_monotonic
 from actors.outbox import Outbox
+from actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ResultCache
 from actors.tools.registry import TOOL_NAMES
 
 
@@ -77,6 +78,10 @@ class AgentContext:
     base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     # Where records survive restarts. MemoryJournal keeps nothing (tests, simulations, benches).
     journal: Journal = field(default_factory=MemoryJournal)
+    # With a journal that keeps results, the recent results kept on the heap besides it (the
+    # agent's whole LRU, see actors/result_cache.py); older ones are read back when needed.
+    result_cache_entries: int = DEFAULT_MAX_ENTRIES
+    result_cache_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         for name in ("approval_timeout_s", "kill_grace_s"):
@@ -106,6 +111,8 @@ class Agent:
         self.boot_id = str(uuid.uuid4())  # new on every start (PROTOCOL.md 4, welcome)
         self.tools = list(TOOL_NAMES)
         self.chats: dict[str, ChatActor] = {}
+        # Recent results of every chat; new on every start, like all the agent's memory.
+        self.results = ResultCache(ctx.result_cache_entries, ctx.result_cache_bytes)
         self.recovered = 0  # records rebuilt from the journal at start
         self._nursery: trio.Nursery | None = None
 
@@ -120,20 +127,22 @@ class Agent:
 
     def _recover(self) -> int:
         """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
-        rows = self.ctx.journal.load()
-        rows.sort(key=lambda row: row.touched_at_ms)
         now_wall, now = self.ctx.wall_ms(), trio.current_time()
-        for row in rows:
+        recovered = 0
+        for row in self.ctx.journal.recover():
             touched_at = wall_ms_to_monotonic(row.touched_at_ms, now_wall, now)
             self.chat(row.chat_id).restore(row, touched_at)
-        return len(rows)
+            recovered += 1
+        return recovered
 
     def chat(self, chat_id: str) -> ChatActor:
         chat = self.chats.get(chat_id)
         if chat is None:
             if self._nursery is None:
                 raise RuntimeError("the agent is not running")
-            chat = self._chat_class(self.ctx, chat_id, self._nursery.start_soon)
+            chat = self._chat_class(
+                self.ctx, chat_id, self._nursery.start_soon, results=self.results
+            )
             self.chats[chat_id] = chat
         return chat
 

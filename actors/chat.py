@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from actors.events import (
     TurnPlanEvent,
     TurnResultEvent,
 )
-from actors.journal import JournalRow
+from actors.journal import JournalError, JournalRow
 from actors.outbox import Outbox, Subscription
 from actors.records import (
     Admission,
@@ -43,6 +44,7 @@ from actors.records import (
     ToolCallRecord,
     args_fingerprint,
 )
+from actors.result_cache import ResultCache
 from actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_RESTARTED,
@@ -64,6 +66,14 @@ if TYPE_CHECKING:
     from actors.agent import AgentContext
 
 log = logging.getLogger("toolwire.chat")
+
+
+def shared_tool_name(name: str) -> str:
+    """The registry's own string for a known tool name: a record keeps it for as long as it
+    lives, and a name decoded from a request or a journal row is a new string each time (about
+    60 bytes per record, 100,000 records)."""
+    tool = TOOLS.get(name)
+    return tool.name if tool is not None else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +114,15 @@ class TurnRun:
     segments: list[list[str]]
     # One entry per `turn` request made while the turn runs: each gets its own turn_result.
     followers: list[Outbox] = field(default_factory=list)
+    # Set once its turn_result went to the followers (and anything queued before it).
     done: trio.Event = field(default_factory=trio.Event)
-    results: list[Result] | None = None
+    # Every call has its published result. The results themselves stay with the records (and
+    # the journal): a repeated turn reads them from there, so a finished turn holds none.
+    finished: bool = False
+
+
+# A delivery: results some requests are owed, and what sends them once they are at hand.
+_Delivery = tuple[list[ToolCallRecord], Callable[[list[Result]], None]]
 
 
 class ChatActor:
@@ -114,9 +131,17 @@ class ChatActor:
         ctx: AgentContext,
         chat_id: str,
         start: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
+        *,
+        results: ResultCache | None = None,
     ) -> None:
         self.chat_id = chat_id
         self.ctx = ctx
+        # The agent's recent results (shared by its chats): with a journal that keeps results,
+        # a finished record's result lives there or in the journal, not in the record.
+        self._results = results if results is not None else ResultCache()
+        # Deliveries waiting for a result to be read back from the journal, in request order;
+        # None while nothing waits (the common case, and no deque per idle chat).
+        self._lane: deque[_Delivery] | None = None
         # How this chat's task is started (the agent's nursery): on demand, when it has work.
         self._start_task = start
         self.records = RecordTable()
@@ -129,7 +154,8 @@ class ChatActor:
         self.turns: dict[str, TurnRun] = {}
         # execute calls accepted but not spawned yet: each holds a process slot, so a burst of
         # calls within one scheduling tick cannot get past max_processes_per_chat.
-        self._launching: set[str] = set()
+        # (A dict used as a set: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
+        self._launching: dict[str, None] = {}
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
@@ -200,7 +226,11 @@ class ChatActor:
             self._check_options(tool, spec)
         fingerprint = args_fingerprint(spec.tool, spec.args)
         admission, record = self.records.admit(
-            spec.call_id, spec.tool, fingerprint, self._now(), initial_state=RecordState.QUEUED
+            spec.call_id,
+            shared_tool_name(spec.tool),
+            fingerprint,
+            self._now(),
+            initial_state=RecordState.QUEUED,
         )
         assert record is not None
         if admission is Admission.CONFLICT:
@@ -264,6 +294,7 @@ class ChatActor:
     def cancel(self, outbox: Outbox, call_ids: list[str], rid: Any) -> None:
         for call_id in call_ids:
             received, record = self._cancel_one(call_id)
+            record.pins += 1  # its result is owed: not forgotten before the reply
             self._spawn(self._reply_cancel, outbox, record, received, rid)
 
     def turn(
@@ -275,6 +306,15 @@ class ChatActor:
             [[s.call_id, s.tool, s.args, s.timeout_ms, s.background, s.approval] for s in specs],
         )
         existing = self.turns.get(turn_id)
+        if (
+            existing is not None
+            and existing.finished
+            and any(self.records.get(call_id) is None for call_id in existing.call_ids)
+        ):
+            # One of its calls (created by an earlier call or turn) was forgotten (5.4): the
+            # finished turn goes with it, and this request is a new turn.
+            del self.turns[turn_id]
+            existing = None
         if existing is not None:
             if existing.fingerprint != fingerprint:
                 raise ToolwireError(
@@ -316,14 +356,14 @@ class ChatActor:
         for spec, fp in zip(specs, fingerprints, strict=True):
             admission, record = self.records.admit(
                 spec.call_id,
-                spec.tool,
+                shared_tool_name(spec.tool),
                 fp,
                 self._now(),
                 initial_state=RecordState.QUEUED,
                 turn_id=turn_id,
             )
             assert record is not None and admission is not Admission.CONFLICT
-            record.pinned = True
+            record.pins += 1  # until the turn has its turn_result (`_run_turn`)
             if admission is Admission.NEW:
                 created.add(spec.call_id)
                 runtime = CallRuntime(spec=spec, limiter=limiter)
@@ -349,6 +389,9 @@ class ChatActor:
             names = set(run.call_ids) if run is not None else set()
             candidates = [r for r in self.records if r.turn_id == turn_id or r.call_id in names]
         targets = [r for r in candidates if not r.done]
+        # Ended on their own, their results still on the way to disk: not canceled, but the
+        # chat is not quiet until they are published.
+        ending = [r for r in candidates if r.done and not r.published]
         turns = [
             t
             for t in self.turns.values()
@@ -356,7 +399,7 @@ class ChatActor:
         ]
         for record in targets:
             self._cancel_one(record.call_id)
-        self._spawn(self._reply_interrupted, outbox, turn_id, targets, turns, rid)
+        self._spawn(self._reply_interrupted, outbox, turn_id, targets, ending, turns, rid)
 
     # -----------------------------------------------------------------------------------------
     # Following
@@ -404,7 +447,6 @@ class ChatActor:
             self._announce_gate(record, only=sub)
         if runtime.done.is_set():
             # Published means durable: a result is never sent before the journal holds it.
-            assert record.result is not None
             if from_offset is None:
                 # A repeat of an ended call gets its result only; but a result still queued for
                 # an earlier request on this connection keeps the output it owes (no gaps).
@@ -413,7 +455,15 @@ class ChatActor:
             else:
                 sub.finished = False
                 sub.cursor = from_offset
-            outbox.put_result(sub, ResultEvent(self.chat_id, record.call_id, record.result))
+            # Counted as queued while it is read back from the journal, so that a repeat
+            # meanwhile still leaves the output this request owes (see just above).
+            sub.results_queued += 1
+
+            def send(results: list[Result]) -> None:
+                sub.results_queued -= 1
+                outbox.put_result(sub, ResultEvent(self.chat_id, record.call_id, results[0]))
+
+            self._deliver([record], send)
             return
         sub.finished = False
         sub.cursor = from_offset or 0
@@ -432,7 +482,7 @@ class ChatActor:
         created: frozenset[str],
     ) -> None:
         """`created`: the calls this very request admitted as new (accepted with replay false)."""
-        if run.results is None:
+        if not run.finished:
             run.followers.append(outbox)
         outbox.put(TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid))
         for call_id in run.call_ids:
@@ -453,8 +503,12 @@ class ChatActor:
                 sub.resolved_events = True
                 if record.state is RecordState.AWAITING_APPROVAL:
                     self._announce_gate(record, only=sub)
-        if run.results is not None:
-            outbox.put(TurnResultEvent(self.chat_id, run.turn_id, run.results))
+        if run.finished:
+            # After each call's result above: deliveries keep their order.
+            self._deliver(
+                self._turn_records(run),
+                lambda results: outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results)),
+            )
 
     def _publish(self, record: ToolCallRecord, event: Event) -> None:
         for sub in self._runtime(record).subs.values():
@@ -522,7 +576,7 @@ class ChatActor:
                 self._spawn(self._run_inline_when_durable, record, tool, runtime, seq)
             return
         if tool.kind is ToolKind.EXECUTE:
-            self._launching.add(record.call_id)
+            self._launching[record.call_id] = None
         self._spawn(self._run_task, record, tool)
 
     def _begin(self, record: ToolCallRecord) -> int:
@@ -597,7 +651,7 @@ class ChatActor:
                 result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             self._finish(record, result)
         finally:
-            self._launching.discard(record.call_id)
+            self._launching.pop(record.call_id, None)
 
     async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
         if record.state is not RecordState.QUEUED and record.state is not (
@@ -635,7 +689,7 @@ class ChatActor:
         seq = self._begin(record)
         if not await self._durable_start(record, seq):
             return
-        self._launching.discard(record.call_id)
+        self._launching.pop(record.call_id, None)
         if self._at_process_limit():
             limit = self.ctx.limits.max_processes_per_chat
             self._finish(
@@ -793,36 +847,42 @@ class ChatActor:
     async def _reply_cancel(
         self, outbox: Outbox, record: ToolCallRecord, received: bool, rid: Any
     ) -> None:
-        runtime = self._runtime(record)
-        await runtime.done.wait()
-        proc = runtime.process or self.processes.get(record.call_id)
-        if received and proc is not None and proc.canceled:
-            # A process the ended call left running is killed "like a running one" (5.3): the
-            # reply waits for it, so a client never sees it alive after the cancel_result.
-            await proc.exited.wait()
-        assert record.result is not None
-        outbox.put(CancelResultEvent(self.chat_id, record.call_id, received, record.result, rid))
+        try:
+            runtime = self._runtime(record)
+            await runtime.done.wait()
+            proc = runtime.process or self.processes.get(record.call_id)
+            if received and proc is not None and proc.canceled:
+                # A process the ended call left running is killed "like a running one" (5.3):
+                # the reply waits for it, so a client never sees it alive after the
+                # cancel_result.
+                await proc.exited.wait()
+            self._deliver(
+                [record],
+                lambda results: outbox.put(
+                    CancelResultEvent(self.chat_id, record.call_id, received, results[0], rid)
+                ),
+            )
+        finally:
+            record.pins -= 1
 
     async def _reply_interrupted(
         self,
         outbox: Outbox,
         turn_id: str | None,
         targets: list[ToolCallRecord],
+        ending: list[ToolCallRecord],
         turns: list[TurnRun],
         rid: Any,
     ) -> None:
-        for record in targets:
+        for record in (*targets, *ending):
             await self._runtime(record).done.wait()
         for run in turns:
             await run.done.wait()
         # The calls this interrupt ended; one that finished on its own first kept its real
         # result and was not ended by the interrupt.
-        ended = [
-            r.call_id
-            for r in targets
-            if r.result is not None and r.result.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)
-        ]
-        outbox.put(InterruptedEvent(self.chat_id, turn_id, ended, rid))
+        ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
+        # Behind any result still being read back for this chat: `interrupted` comes last.
+        self._deliver([], lambda _: outbox.put(InterruptedEvent(self.chat_id, turn_id, ended, rid)))
 
     # -----------------------------------------------------------------------------------------
     # Turns
@@ -833,22 +893,34 @@ class ChatActor:
                 async with trio.open_nursery() as nursery:
                     for call_id in segment:
                         nursery.start_soon(self._run_turn_call, call_id)
+            # Every segment ran to its end, so every call has its one published result. From
+            # here a repeated turn is answered from the records (`_follow_turn`).
+            run.finished = True
+            followers, run.followers = run.followers, []
+
+            def send(results: list[Result]) -> None:
+                for outbox in followers:
+                    outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
+                run.done.set()
+
+            self._deliver(self._turn_records(run), send)  # pins them until sent
         finally:
-            # Also when cancelled (the agent is stopping or crashed): nothing pins them now.
+            # Also when cancelled (the agent is stopping or crashed): this turn pins them no
+            # longer.
             for call_id in run.call_ids:
                 record = self.records.get(call_id)
                 if record is not None:
-                    record.pinned = False
-        # Every segment ran to its end, so every call has its one published result.
-        results: list[Result] = []
+                    record.pins -= 1
+
+    def _turn_records(self, run: TurnRun) -> list[ToolCallRecord]:
+        """The records of a finished turn's calls: pinned while it ran, and a repeat of it
+        after one was forgotten is a new turn (see `turn`), so none is missing."""
+        records: list[ToolCallRecord] = []
         for call_id in run.call_ids:
             record = self.records.get(call_id)
-            assert record is not None and record.result is not None, call_id
-            results.append(record.result)
-        run.results = results
-        for outbox in run.followers:
-            outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
-        run.done.set()
+            assert record is not None, f"turn {run.turn_id} lost its call {call_id}"
+            records.append(record)
+        return records
 
     async def _run_turn_call(self, call_id: str) -> None:
         record = self.records.get(call_id)
@@ -892,10 +964,83 @@ class ChatActor:
                 sub.outbox.put_result(sub, event)
         self._maybe_close_output(record)
         self._maybe_release(record)
+        if self.ctx.journal.keeps_results:
+            # Durable now, so the journal holds it: off the heap, but kept among the recent
+            # results for the retry that often follows.
+            self._results.put((self.chat_id, record.call_id), self.records.release_result(record))
         if log.isEnabledFor(logging.DEBUG):  # the hot path: no extra dict unless it is shown
             log.debug(
                 "call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record)
             )
+
+    def _saved_result(self, record: ToolCallRecord) -> Result | None:
+        """A published record's result if it is on the heap; None if it must be read back."""
+        if record.result is not None:
+            return record.result
+        return self._results.get((self.chat_id, record.call_id))
+
+    def _deliver(self, records: list[ToolCallRecord], send: Callable[[list[Result]], None]) -> None:
+        """Call `send` with the saved results of `records` (each published): at once when they
+        are on the heap and no earlier delivery of this chat is still waiting, else once read
+        back from the journal. Deliveries keep their order, so a turn_result never overtakes a
+        call's result, nor `interrupted` a turn_result. The records stay pinned until sent."""
+        if self._lane is None:
+            results: list[Result] = []
+            for record in records:
+                result = self._saved_result(record)
+                if result is None:
+                    break
+                results.append(result)
+            else:
+                send(results)
+                return
+            self._lane = deque()
+            self._spawn(self._run_lane, self._lane)
+        for record in records:
+            record.pins += 1
+        self._lane.append((records, send))
+
+    async def _run_lane(self, lane: deque[_Delivery]) -> None:
+        """Send the waiting deliveries in order, reading their results back in batches."""
+        try:
+            while lane:
+                batch = list(lane)
+                # What is on the heap now is taken now (the cache may evict it while we wait),
+                # the rest comes in one journal read for every delivery waiting (a turn, a
+                # burst of retries). A saved result never changes, so either is the same.
+                held: dict[str, Result] = {}
+                wanted: dict[str, ToolCallRecord] = {}
+                for records, _ in batch:
+                    for record in records:
+                        result = self._saved_result(record)
+                        if result is None:
+                            wanted[record.call_id] = record
+                        else:
+                            held[record.call_id] = result
+                held.update(await self._read_results(list(wanted.values())))
+                for records, send in batch:
+                    lane.popleft()
+                    for record in records:
+                        record.pins -= 1
+                    send([held[record.call_id] for record in records])
+        finally:
+            self._lane = None
+
+    async def _read_results(self, records: list[ToolCallRecord]) -> dict[str, Result]:
+        """Read released results back from the journal (and keep them among the recent)."""
+        if not records:
+            return {}
+        keys = [(self.chat_id, record.call_id) for record in records]
+        found = await self.ctx.journal.read_results(keys)
+        loaded: dict[str, Result] = {}
+        for key, result in zip(keys, found, strict=True):
+            if result is None:
+                # A pinned record is never forgotten, so its row cannot be gone: the journal
+                # lost a durable result. Stop rather than answer anything else.
+                raise JournalError(f"the journal has no saved result for {key[0]!r}/{key[1]!r}")
+            self._results.put(key, result)
+            loaded[key[1]] = result
+        return loaded
 
     def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
         runtime = record.runtime
@@ -982,6 +1127,8 @@ class ChatActor:
     def _forgotten(self, record: ToolCallRecord) -> None:
         if self.ctx.journal.enabled:
             self.ctx.journal.delete(self.chat_id, record.call_id)
+        # A new call with this id is a new record: it must never be answered with this result.
+        self._results.discard((self.chat_id, record.call_id))
         runtime = record.runtime
         if isinstance(runtime, CallRuntime):
             for sub in runtime.subs.values():
@@ -1043,24 +1190,31 @@ class ChatActor:
         runtime = CallRuntime(spec=spec)
         record = ToolCallRecord(
             call_id=row.call_id,
-            tool=row.tool,
+            tool=None if row.tool is None else shared_tool_name(row.tool),
             fingerprint=row.fingerprint,
             state=RecordState(row.state),
             touched_at=touched_at,
             effect_started=row.started_at_ms is not None or row.state == "running",
             started_at_ms=row.started_at_ms,
             result=row.result,
+            outcome=row.result.outcome if row.result is not None else None,
             turn_id=row.turn_id,
         )
-        record.runtime = runtime
         self.records.restore(record)
         if record.state is RecordState.DONE:
             if record.result is None:
                 raise ValueError(
                     f"journal row {row.chat_id!r}/{row.call_id!r} is done without a result"
                 )
-            runtime.done.set()
-        elif record.state is RecordState.RUNNING:
+            # Durable and published as it was before the restart: it needs no runtime (a
+            # follower gets a fresh one, already done) and, when the journal keeps results,
+            # not its result on the heap either.
+            record.published = True
+            if self.ctx.journal.keeps_results:
+                self.records.release_result(record)
+            return
+        record.runtime = runtime
+        if record.state is RecordState.RUNNING:
             self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_RESTARTED))
         elif record.state is RecordState.AWAITING_APPROVAL:
             try:

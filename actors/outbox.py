@@ -77,7 +77,8 @@ class Subscription:
         self.on_caught_up: Callable[[], None] | None = None
         # Requests on this connection still waiting for the call's result: one result each.
         self.results_owed = 0
-        # Results put in the outbox and not taken yet (their output is still to be sent).
+        # Results put in the outbox and not taken yet (their output is still to be sent), or
+        # being read back from the journal to be put (ChatActor._follow).
         self.results_queued = 0
 
     @property

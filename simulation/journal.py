@@ -4,25 +4,39 @@
 writes are queued synchronously, one writer task commits everything queued meanwhile after a
 small virtual-time delay (group commit), and `wait_durable` returns once a change is committed.
 Committed rows live in a plain dict that outlives the agent; `crash()` throws away whatever was
-queued or in the middle of a commit, exactly what a `kill -9` loses.
+queued or in the middle of a commit, exactly what a `kill -9` loses. Like the SQLite journal it
+keeps results: `read_results` answers from the committed rows after a small virtual-time delay
+(drawn from a stream of its own, so runs that never read keep their traces).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import msgspec
 import trio
 
 from actors.journal import Journal, JournalRow
+from actors.results import Result
 
 
 class SimJournal(Journal):
     enabled = True
+    keeps_results = True
 
-    def __init__(self, rng: random.Random, delay_s: tuple[float, float] = (0.0005, 0.004)):
+    def __init__(
+        self,
+        rng: random.Random,
+        delay_s: tuple[float, float] = (0.0005, 0.004),
+        read_rng: random.Random | None = None,
+        read_delay_s: tuple[float, float] = (0.0, 0.002),
+    ):
         self._rng = rng
         self._delay_s = delay_s
+        self._read_rng = read_rng if read_rng is not None else random.Random(0)
+        self._read_delay_s = read_delay_s
+        self.reads = 0  # results read back (the chat actors had released them)
         # The "disk": committed rows, in first-commit order (a dict keeps it: no hash order).
         self.rows: dict[tuple[str, str], JournalRow] = {}
         self._ops: list[tuple[int, str, JournalRow | tuple[str, str, int]]] = []
@@ -67,6 +81,16 @@ class SimJournal(Journal):
 
     def load(self) -> list[JournalRow]:
         return [msgspec.structs.replace(row) for row in self.rows.values()]
+
+    async def read_results(self, keys: Sequence[tuple[str, str]]) -> list[Result | None]:
+        # The reader thread's hop: other tasks run meanwhile; then what is committed by now.
+        await trio.sleep(self._read_rng.uniform(*self._read_delay_s))
+        self.reads += len(keys)
+        found: list[Result | None] = []
+        for key in keys:
+            row = self.rows.get(key)
+            found.append(None if row is None else row.result)
+        return found
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         epoch = self._epoch

@@ -25,8 +25,7 @@ class RepeatRunsAgain(ChatActor):
             record is not None
             and record.done
             and record.tool == "execute"
-            and record.result is not None
-            and record.result.outcome is Outcome.COMPLETED
+            and record.outcome is Outcome.COMPLETED
         ):
             self.records._records.pop(spec.call_id, None)
         super().call(outbox, spec, stream=stream, rid=rid)

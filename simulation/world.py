@@ -69,6 +69,11 @@ EPOCH_MS = 1_767_225_600_000
 # A run that has not finished after this much virtual time is stuck (a liveness violation).
 RUN_DEADLINE_S = 900.0
 
+# The agent's recent-results cache, drawn per seed: none (every repeat, attach, cancel and turn
+# reads its result back from the journal), one or a few (some hits, some reads, evictions),
+# or the production size (all hits).
+RESULT_CACHE_SIZES = (0, 1, 3, 1024)
+
 
 def _describe(exc: BaseException) -> str:
     """The innermost non-Cancelled exceptions of a (group) error, with where they were raised."""
@@ -267,7 +272,10 @@ class World:
                 self.scripts[str(call.args["command"])] = call.script
                 self.owners[str(call.args["command"])] = (chat.chat_id, call.call_id, call)
         self.processes: dict[tuple[str, str], list[SimProcess]] = {}
-        self.journal = SimJournal(random.Random(f"{plan.seed}/journal"))
+        self.journal = SimJournal(
+            random.Random(f"{plan.seed}/journal"),
+            read_rng=random.Random(f"{plan.seed}/journal-reads"),
+        )
         self.backend = SimBackend(self.scripts, self._on_spawn)
         self.ctx = AgentContext(
             workspace=workspace,
@@ -278,6 +286,9 @@ class World:
             wall_ms=self.wall_ms,
             base_env={},
             journal=self.journal,
+            # Most runs keep few recent results, so repeats, attaches, cancels and turns are
+            # answered from the journal as often as from memory.
+            result_cache_entries=random.Random(f"{plan.seed}/cache").choice(RESULT_CACHE_SIZES),
         )
 
     # -- clocks and ids ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The record table (actors/records.py): a pure state machine, tested without trio or I/O.
 
 A hypothesis `RuleBasedStateMachine` drives one table with every transition the chat actor uses
-(admit, park, begin, finish, cancel, attach, touch, pin, forget) against a plain model, and
+(admit, park, begin, finish, release, cancel, attach, touch, pin, forget) against a plain model,
+and
 checks the promises of PROTOCOL.md 5.1, 5.3 and 5.4 after every step. The plain tests below it
 walk each row of the 5.1 and 5.3 tables once, by name.
 """
@@ -61,8 +62,9 @@ class Model:
     touched_at: float
     begins: int = 0
     result: Result | None = None  # the first result saved, by identity
+    released: bool = False  # the owner took the result off the record (the journal holds it)
     canceled_before_run: bool = False
-    pinned: bool = False
+    pins: int = 0
 
     @property
     def done(self) -> bool:
@@ -79,7 +81,8 @@ def snapshot(record: ToolCallRecord) -> tuple[object, ...]:
         record.effect_started,
         record.cancel_requested,
         record.result,
-        record.pinned,
+        record.outcome,
+        record.pins,
     )
 
 
@@ -155,11 +158,32 @@ class RecordTableMachine(RuleBasedStateMachine):
             self.touched(call_id)
 
     @rule(call_id=CALL_IDS)
-    def pin_toggle(self, call_id: str) -> None:
+    def pin(self, call_id: str) -> None:
         if call_id in self.model:
-            record = self.record(call_id)
-            record.pinned = not record.pinned
-            self.model[call_id].pinned = record.pinned
+            self.record(call_id).pins += 1
+            self.model[call_id].pins += 1
+
+    @rule(call_id=CALL_IDS)
+    def unpin(self, call_id: str) -> None:
+        if call_id in self.model and self.model[call_id].pins:
+            self.record(call_id).pins -= 1
+            self.model[call_id].pins -= 1
+
+    @rule(call_id=CALL_IDS)
+    def release(self, call_id: str) -> None:
+        if call_id not in self.model:
+            return
+        record = self.record(call_id)
+        model = self.model[call_id]
+        if model.done and not model.released:
+            assert self.table.release_result(record) is model.result
+            model.released = True
+            assert record.result is None and record.state is RecordState.DONE
+        else:
+            before = snapshot(record)
+            with pytest.raises(TransitionError):
+                self.table.release_result(record)  # nothing saved, or already released
+            assert snapshot(record) == before
 
     @rule(call_id=CALL_IDS)
     def park(self, call_id: str) -> None:
@@ -247,7 +271,7 @@ class RecordTableMachine(RuleBasedStateMachine):
         expected = {
             call_id
             for call_id, m in self.model.items()
-            if m.done and not m.pinned and self.now - m.touched_at >= FORGET_AFTER
+            if m.done and not m.pins and self.now - m.touched_at >= FORGET_AFTER
         }
         forgotten = self.table.forget_expired(self.now, FORGET_AFTER)
         assert {r.call_id for r in forgotten} == expected
@@ -271,13 +295,17 @@ class RecordTableMachine(RuleBasedStateMachine):
             assert record.effect_started == (model.begins == 1)
             if model.canceled_before_run:
                 assert model.begins == 0 and not record.effect_started
-                assert record.result is not None
-                assert record.result.outcome is Outcome.NOT_RUN
+                assert record.outcome is Outcome.NOT_RUN
             if model.done:
+                assert model.result is not None
                 assert record.state is RecordState.DONE
-                assert record.result is model.result  # the first result, forever
+                # The first result, forever: on the record until released, then its outcome.
+                assert record.result is (None if model.released else model.result)
+                assert record.outcome is model.result.outcome
             else:
                 assert record.state is not RecordState.DONE and record.result is None
+                assert record.outcome is None
+            assert record.pins == model.pins
             assert record.requests == model.requests
             assert record.touched_at == model.touched_at
             assert record.tool == model.tool and record.fingerprint == model.fingerprint
@@ -441,7 +469,7 @@ def test_5_4_forgets_only_old_done_unpinned_and_touch_resets_age() -> None:
     _, running = admit(table, "running", now=0.0)
     _, pinned = admit(table, "pinned", now=0.0)
     table.finish(pinned, result(Outcome.COMPLETED))
-    pinned.pinned = True
+    pinned.pins = 2  # a turn and a read of its result
     _, touched = admit(table, "touched", now=0.0)
     table.finish(touched, result(Outcome.COMPLETED))
     table.touch(touched, 60.0)
@@ -450,9 +478,30 @@ def test_5_4_forgets_only_old_done_unpinned_and_touch_resets_age() -> None:
     assert {r.call_id for r in table} == {"running", "pinned", "touched"}
     assert table.forget_expired(159.9, FORGET_AFTER) == []
     assert [r.call_id for r in table.forget_expired(160.0, FORGET_AFTER)] == ["touched"]
-    pinned.pinned = False
+    pinned.pins -= 1
+    assert table.forget_expired(160.0, FORGET_AFTER) == []  # one holder is left
+    pinned.pins -= 1
     assert [r.call_id for r in table.forget_expired(160.0, FORGET_AFTER)] == ["pinned"]
     assert [r.call_id for r in table] == ["running"]  # live records are never forgotten
     assert running.state is RecordState.RUNNING
     # A forgotten id is unknown again: 5.4 lets it run anew (its record is gone).
     assert admit(table, "done-old", now=200.0)[0] is Admission.NEW
+
+
+def test_a_released_result_leaves_its_outcome_and_the_first_finish_still_wins() -> None:
+    table = RecordTable()
+    _, record = admit(table, now=0.0)
+    record.deadline = 30.0
+    record.started_at_ms = 1234
+    saved = result(Outcome.COMPLETED)
+    assert table.finish(record, saved)
+    assert table.release_result(record) is saved
+    assert record.result is None and record.outcome is Outcome.COMPLETED
+    assert record.deadline is None and record.started_at_ms is None  # the result carries it
+    # Still done, still at most once: no second finish, no restart, a repeat is EXISTING.
+    assert not table.finish(record, result(Outcome.FAILED))
+    assert record.result is None and record.outcome is Outcome.COMPLETED
+    with pytest.raises(TransitionError):
+        table.begin(record)
+    assert admit(table, now=1.0)[0] is Admission.EXISTING
+    assert table.cancel("c", 2.0)[0] is CancelAction.ALREADY_DONE

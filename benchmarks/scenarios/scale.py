@@ -2,7 +2,15 @@
 
 - Memory: `benchmarks.scale_worker` (a fresh process; the agent driven in-process, no server)
   creates 10,000 chats with 10 finished `read_file` records each and reports its RSS, the cost
-  per chat (with its first record) and per further record.
+  per chat (with its first record) and per further record. The goal row runs what `toolwire
+  serve` runs by default, the SQLite journal (in a fresh state dir), where a finished result
+  lives on disk and only the newest 1,024 stay in memory; calls go 64 at a time (one
+  connection's pipelining window, as in the transport scenario). For comparison: the memory
+  journal, where every result stays on its record; and the same SQLite run driven as one burst
+  of 4,096 calls at a time, whose transient tasks leave the allocator holding more memory once
+  idle (RSS depends on how the chats were filled, not only on what they hold). And a restart: a
+  fresh process recovers the SQLite run's journal and reports its RSS once every record is
+  rebuilt.
 - Processes: one WebSocket to the toolwire server process starts 1,000 `sleep 2` calls at once
   (`stream: false`), spread over chats of at most 50 (max_processes_per_chat is 64), and checks
   that every call completed with exit code 0. The peak held at once is the largest overlap of
@@ -28,6 +36,10 @@ from benchmarks.scenarios.common import make_workspace, servers
 from benchmarks.wire import Codec, UnexpectedReply, ws_connect
 
 MB = 1024 * 1024
+# Calls in flight while the memory worker fills the chats: one connection's pipelining window
+# (the transport scenario's), and a burst as large as one group commit.
+WINDOW = 64
+BURST_WINDOW = 4096
 CALLS_PER_CHAT = 50
 SAMPLE_INTERVAL_S = 0.02
 
@@ -46,22 +58,61 @@ def run(ctx: BenchContext) -> ScenarioResult:
         "records_per_chat": records,
         "record": "read_file of a 300-byte file, finished",
         "memory_driver": "in-process Agent in a fresh subprocess (benchmarks.scale_worker)",
+        "memory_journals": "sqlite (toolwire serve's default; goal), memory (comparison)",
+        "memory_window": WINDOW,
+        "memory_burst_window": BURST_WINDOW,
         "processes": n_procs,
         "process_command": f"sleep {sleep_s:g}",
         "calls_per_chat": CALLS_PER_CHAT,
         "repeats": repeats,
     }
     m_rss = res.measurement(
-        "rss_mb", f"RSS with {chats:,} chats x {records} records", "MiB", higher_is_better=False
+        "rss_mb",
+        f"RSS with {chats:,} chats x {records} records, SQLite journal",
+        "MiB",
+        higher_is_better=False,
     )
     m_chat = res.measurement(
         "bytes_per_chat",
-        "memory per chat (with its first record)",
+        "memory per chat (with its first record), SQLite journal",
         "bytes",
         higher_is_better=False,
     )
     m_record = res.measurement(
-        "bytes_per_record", "memory per further finished record", "bytes", higher_is_better=False
+        "bytes_per_record",
+        "memory per further finished record, SQLite journal",
+        "bytes",
+        higher_is_better=False,
+    )
+    m_rss_mem = res.measurement(
+        "rss_mb_memory",
+        f"RSS with {chats:,} chats x {records} records, memory journal",
+        "MiB",
+        higher_is_better=False,
+    )
+    m_chat_mem = res.measurement(
+        "bytes_per_chat_memory",
+        "memory per chat (with its first record), memory journal",
+        "bytes",
+        higher_is_better=False,
+    )
+    m_record_mem = res.measurement(
+        "bytes_per_record_memory",
+        "memory per further finished record, memory journal",
+        "bytes",
+        higher_is_better=False,
+    )
+    m_rss_recovered = res.measurement(
+        "rss_mb_recovered",
+        f"RSS after a restart rebuilt the {chats:,} chats x {records} records (SQLite)",
+        "MiB",
+        higher_is_better=False,
+    )
+    m_rss_burst = res.measurement(
+        "rss_mb_burst",
+        f"RSS with {chats:,} chats x {records} records, SQLite, {BURST_WINDOW:,} calls at a time",
+        "MiB",
+        higher_is_better=False,
     )
     m_done = res.measurement("procs_completed", f"of {n_procs} processes, completed", "processes")
     m_peak = res.measurement("procs_peak", "processes alive at once (peak)", "processes")
@@ -83,13 +134,48 @@ def run(ctx: BenchContext) -> ScenarioResult:
     with servers(ctx, "toolwire") as srv:
         server = srv["toolwire"]
 
-        def memory(r: int) -> None:
-            out = _scale_worker(ctx, workspace, chats, records)
+        def worker(journal: str, window: int, state_dir: Path | None = None) -> dict[str, float]:
+            out = _scale_worker(ctx, workspace, chats, records, journal, window, state_dir)
             if out["records_done"] != chats * records:
                 raise UnexpectedReply(f"scale worker: {out}")
-            m_rss.add(out["rss_all_bytes"] / MB, rss_start_mib=out["rss_start_bytes"] / MB)
+            return out
+
+        def memory_sqlite(r: int) -> None:
+            state_dir = ctx.scratch("scale-state")
+            out = worker("sqlite", WINDOW, state_dir)
+            m_rss.add(
+                out["rss_all_bytes"] / MB,
+                rss_start_mib=out["rss_start_bytes"] / MB,
+                results_on_heap=out["results_on_heap"],
+                journal_file_mib=out["journal_file_bytes"] / MB,
+            )
             m_chat.add(out["per_chat_bytes"])
             m_record.add(out["per_record_bytes"], result_msgpack_bytes=out["result_msgpack_bytes"])
+            # A restart of the same chats: a fresh agent rebuilds every record from the journal.
+            again = _scale_worker(ctx, workspace, chats, records, "sqlite", WINDOW, state_dir, True)
+            if again["records"] != chats * records:
+                raise UnexpectedReply(f"scale worker --recover: {again}")
+            m_rss_recovered.add(
+                again["rss_recovered_bytes"] / MB,
+                rss_start_mib=again["rss_start_bytes"] / MB,
+                boot_s=again["seconds"],
+            )
+
+        def memory_memory(r: int) -> None:
+            out = worker("memory", WINDOW)
+            m_rss_mem.add(
+                out["rss_all_bytes"] / MB,
+                rss_start_mib=out["rss_start_bytes"] / MB,
+                results_on_heap=out["results_on_heap"],
+            )
+            m_chat_mem.add(out["per_chat_bytes"])
+            m_record_mem.add(
+                out["per_record_bytes"], result_msgpack_bytes=out["result_msgpack_bytes"]
+            )
+
+        def memory_burst(r: int) -> None:
+            out = worker("sqlite", BURST_WINDOW)
+            m_rss_burst.add(out["rss_all_bytes"] / MB, rss_start_mib=out["rss_start_bytes"] / MB)
 
         def toolwire_procs(r: int) -> None:
             trio.run(
@@ -107,7 +193,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         def trio_procs(r: int) -> None:
             trio.run(_trio_procs, n_procs, sleep_s, m_trio_wall, m_trio_peak)
 
-        variants = [memory, toolwire_procs, trio_procs]
+        variants = [memory_sqlite, memory_memory, memory_burst, toolwire_procs, trio_procs]
         for r in range(repeats):
             for variant in rotated(variants, r):
                 ctx.report(f"scale: repeat {r + 1}/{repeats}")
@@ -115,10 +201,31 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
     res.comparisons = [
         Comparison(
-            f"RSS of {chats:,} idle chats with {records} finished records each",
+            f"RSS of {chats:,} idle chats with {records} finished records each "
+            "(SQLite journal, serve's default)",
             "rss_mb",
             None,
             goal=Goal("value<", 100.0, "< 100 MiB"),
+        ),
+        Comparison(
+            "RSS of the same chats: SQLite journal vs memory journal (results on the heap)",
+            "rss_mb",
+            "rss_mb_memory",
+        ),
+        Comparison(
+            "memory per further finished record: SQLite journal vs memory journal",
+            "bytes_per_record",
+            "bytes_per_record_memory",
+        ),
+        Comparison(
+            "RSS of the same chats after a restart rebuilt them from the SQLite journal",
+            "rss_mb_recovered",
+            None,
+        ),
+        Comparison(
+            f"RSS of the same chats filled {BURST_WINDOW:,} calls at a time (SQLite journal)",
+            "rss_mb_burst",
+            None,
         ),
         Comparison(
             f"{n_procs:,} concurrent processes: completed, none lost",
@@ -141,7 +248,16 @@ def run(ctx: BenchContext) -> ScenarioResult:
     return res
 
 
-def _scale_worker(ctx: BenchContext, workspace: Path, chats: int, records: int) -> dict[str, float]:
+def _scale_worker(
+    ctx: BenchContext,
+    workspace: Path,
+    chats: int,
+    records: int,
+    journal: str,
+    window: int,
+    state_dir: Path | None = None,
+    recover: bool = False,
+) -> dict[str, float]:
     argv = [
         ctx.python,
         "-m",
@@ -152,7 +268,15 @@ def _scale_worker(ctx: BenchContext, workspace: Path, chats: int, records: int) 
         str(chats),
         "--records",
         str(records),
+        "--journal",
+        journal,
+        "--window",
+        str(window),
     ]
+    if journal == "sqlite":
+        argv += ["--state-dir", str(state_dir or ctx.scratch("scale-state"))]
+    if recover:
+        argv.append("--recover")
     out = subprocess.run(
         argv, capture_output=True, text=True, env=child_env(), cwd=ctx.workdir, check=False
     )
