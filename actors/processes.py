@@ -1,11 +1,13 @@
 """Processes: spawn in a new process group, pump output into a retention buffer, wait, signal.
 
 The process backend is an interface (`ProcessBackend`) so that the simulation harness can plug in
-scripted processes in virtual time without forking the runtime. `RealProcessBackend` spawns with
-`subprocess.Popen` directly on the event loop thread: Popen uses vfork+exec on Linux and returns
-in well under a millisecond, whereas `trio.lowlevel.open_process` hops to a worker thread for
-every spawn (measured here: ~1,240 spawns/s vs ~1,800/s for a bare posix_spawn+waitpid). Exit is
-awaited through a pidfd, so no thread is ever parked in waitpid.
+scripted processes in virtual time without forking the runtime. `RealProcessBackend` spawns
+directly on the event loop thread, with libc's posix_spawn (actors/spawn.py) or, where the C
+library lacks what that needs, `subprocess.Popen`: both vfork+exec and return in well under a
+millisecond, whereas `trio.lowlevel.open_process` hops to a worker thread for every spawn
+(measured here: ~1,240 spawns/s vs ~1,800/s for a bare posix_spawn+waitpid; spawning on worker
+threads was tried and was slower on 2 cores). Exit is awaited through a pidfd, so no thread is
+ever parked in waitpid.
 
 Known hazard (trio issue #3237): `trio.run_process` cancellation signals only the direct child,
 so a grandchild of `sh -c` survives. Every command here runs in its own process group and we
@@ -15,6 +17,7 @@ always signal the whole group.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -25,6 +28,7 @@ from typing import Protocol
 import trio
 
 from actors.output import OutputBuffer
+from actors.spawn import PosixSpawner
 
 # One pipe read. 64 KiB is Linux's default pipe capacity, so one read drains a full pipe, and it
 # becomes one `output` message (never one message per line).
@@ -84,11 +88,12 @@ class ProcessBackend(Protocol):
 
 
 class _RealProcess:
-    def __init__(self, popen: subprocess.Popen[bytes], read_fd: int) -> None:
+    def __init__(self, pid: int, read_fd: int, popen: subprocess.Popen[bytes] | None) -> None:
+        # Popen, when it spawned: told about the reap, so it neither warns nor reaps again.
         self._popen = popen
-        self.pid: int | None = popen.pid
+        self.pid: int | None = pid
         self._read_fd: int | None = read_fd
-        self._pidfd: int | None = os.pidfd_open(popen.pid)
+        self._pidfd: int | None = os.pidfd_open(pid)
         self._status: ExitStatus | None = None
 
     async def read_some(self) -> bytes:
@@ -120,31 +125,33 @@ class _RealProcess:
     async def wait(self) -> ExitStatus:
         if self._status is not None:
             return self._status
-        assert self._pidfd is not None
+        assert self._pidfd is not None and self.pid is not None
         await trio.lowlevel.wait_readable(self._pidfd)
         # The pidfd is readable: the child has exited, so this waitpid returns at once.
-        _, status = os.waitpid(self._popen.pid, 0)  # noqa: ASYNC222
+        _, status = os.waitpid(self.pid, 0)  # noqa: ASYNC222
         self._status = ExitStatus.from_wait_status(status)
-        # Tell Popen the child is reaped, so it neither warns nor waits again.
-        self._popen.returncode = (
-            self._status.exit_code if self._status.exit_code is not None else -1
-        )
+        if self._popen is not None:
+            self._popen.returncode = (
+                self._status.exit_code if self._status.exit_code is not None else -1
+            )
         self._close_fd("_pidfd")
         return self._status
 
     def poll_exited(self) -> bool:
         if self._status is not None:
             return True
+        assert self.pid is not None
         try:
             # WNOWAIT: look without reaping; the reap task still collects the status.
-            info = os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return True
         return info is not None
 
     def signal_group(self, sig: signal.Signals) -> bool:
+        assert self.pid is not None
         try:
-            os.killpg(self._popen.pid, sig)
+            os.killpg(self.pid, sig)
         except ProcessLookupError:
             return False
         return True
@@ -162,26 +169,55 @@ class _RealProcess:
 
 
 class RealProcessBackend:
+    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both)."""
+
+    def __init__(self, *, posix_spawn: bool = True) -> None:
+        self._spawner = PosixSpawner.load() if posix_spawn else None
+
+    @property
+    def uses_posix_spawn(self) -> bool:
+        return self._spawner is not None
+
     def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
-        read_fd, write_fd = os.pipe()
+        read_fd, write_fd = _pipe()
+        popen: subprocess.Popen[bytes] | None = None
         try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,  # one merged output, as a terminal shows it
-                cwd=cwd,
-                env=dict(env),
-                start_new_session=True,  # own session and process group: killed as a group
-                close_fds=True,
-            )
+            if self._spawner is not None:
+                pid = self._spawner.spawn(argv, cwd, env, write_fd)
+            else:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=write_fd,
+                    stderr=write_fd,  # one merged output, as a terminal shows it
+                    cwd=cwd,
+                    env=dict(env),
+                    start_new_session=True,  # own session and process group: killed as a group
+                    close_fds=True,
+                )
+                pid = popen.pid
         except BaseException:
             os.close(read_fd)
             os.close(write_fd)
             raise
         os.close(write_fd)
         os.set_blocking(read_fd, False)
-        return _RealProcess(popen, read_fd)
+        return _RealProcess(pid, read_fd, popen)
+
+
+def _pipe() -> tuple[int, int]:
+    """An output pipe whose ends are >= 3 (close-on-exec, as os.pipe makes them): the child's
+    dup2 onto 1 and 2 must never overwrite the write end, even in an agent started with its
+    standard descriptors closed."""
+    read_fd, write_fd = os.pipe()
+    ends = []
+    for fd in (read_fd, write_fd):
+        if fd < 3:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    return ends[0], ends[1]
 
 
 @dataclass(eq=False)
