@@ -28,9 +28,15 @@ from actors.events import (
 )
 from actors.output import OutputBuffer
 
-# One `output` message carries at most one pipe read's worth of text (64 KiB): big enough that a
-# fast producer costs few messages, small enough that other calls interleave fairly.
-OUTPUT_CHUNK_BYTES = 64 * 1024
+# One `output` message carries at most one large pipe read's worth of text (256 KiB, see
+# processes.BULK_PIPE_BYTES): a fast producer costs few messages, and each message costs both ends
+# a fixed price (on 2 cores, 64 KiB messages cost the benchmark's client more CPU than the bytes
+# did); still small enough that other calls interleave fairly, and that JSON's worst case (a
+# control character escaped as six bytes) stays far below `max_message_bytes`.
+OUTPUT_CHUNK_BYTES = 256 * 1024
+# Output taken in one `take` (whole messages; a result's remaining output may exceed it): bounds
+# what one sender batch adds to a connection's write buffer however many calls stream at once.
+TAKE_OUTPUT_BYTES = 2 * 1024 * 1024
 
 
 class _Kind(enum.Enum):
@@ -145,10 +151,14 @@ class Outbox:
         self._nonempty.set()
 
     def take(self, max_events: int = 256) -> list[Event]:
-        """Up to `max_events` events in send order, pulling output from cursors."""
+        """Up to `max_events` events in send order, pulling output from cursors (about
+        TAKE_OUTPUT_BYTES of it at most: more stays queued for the next take)."""
         out: list[Event] = []
         queue = self._queue
+        output_bytes = 0
         while queue and len(out) < max_events:
+            if output_bytes >= TAKE_OUTPUT_BYTES and queue[0][0] is _Kind.OUTPUT:
+                break
             kind, sub, event = queue.popleft()
             if sub is None:
                 assert event is not None
@@ -160,8 +170,10 @@ class Outbox:
                 continue
             if kind is _Kind.OUTPUT:
                 sub.output_pending = False
+                cursor = sub.cursor
                 if self._read_output(sub, out, once=True):
                     self.put_output(sub)  # more is ready: go round again, after the others
+                output_bytes += sub.cursor - cursor
             elif kind is _Kind.RESULT:
                 if sub.stream and not sub.finished:
                     self._read_output(sub, out, once=False)

@@ -5,6 +5,7 @@ libc's posix_spawn (actors/spawn.py) and through the Popen fallback, with real p
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from actors import processes
 from actors.processes import ExitStatus, RealProcessBackend, SpawnedProcess
 from actors.spawn import PosixSpawner
 from tests.oswatch import alive
@@ -230,3 +232,74 @@ def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> 
         timeout=TEST_DEADLINE_S,
     )
     assert out.read_text() == repr([(b"hello\nworld\n", 0), (b"hello\nworld\n", 0)])
+
+
+# --- the output pipe ------------------------------------------------------------------------------
+
+
+async def test_a_full_pipe_grows_and_later_reads_take_more() -> None:
+    # Our own pipe stands in for the process's (its writer is this test, so "full" is exact).
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = RealProcessBackend().spawn(["/bin/sh", "-c", "sleep 30"], "/", ENV)
+        assert proc.pid is not None
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        handle = processes._RealProcess(proc.pid, read_end, None)
+        try:
+            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == processes.READ_CHUNK_BYTES
+            os.write(write_end, b"a" * 1000)
+            assert await handle.read_some() == b"a" * 1000  # not full: nothing changes
+            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == processes.READ_CHUNK_BYTES
+            os.write(write_end, b"b" * processes.READ_CHUNK_BYTES)  # fills it
+            assert await handle.read_some() == b"b" * processes.READ_CHUNK_BYTES
+            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == processes.BULK_PIPE_BYTES
+            assert handle.read_bytes == processes.BULK_PIPE_BYTES
+            os.write(write_end, b"c" * processes.BULK_PIPE_BYTES)  # fits now, read at once
+            assert await handle.read_some() == b"c" * processes.BULK_PIPE_BYTES
+            os.close(write_end)
+            write_end = -1
+            assert await handle.read_some() == b""
+        finally:
+            if write_end >= 0:
+                os.close(write_end)
+            proc.signal_group(signal.SIGKILL)
+            await proc.wait()
+            proc.close()
+            handle.close()
+
+
+async def test_a_refused_pipe_growth_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Larger than any pipe can be: the kernel refuses it (EINVAL), as it refuses a user over
+    # its pipe quota (EPERM). Reading goes on with the default pipe, nothing lost.
+    monkeypatch.setattr(processes, "BULK_PIPE_BYTES", 2**31 + 4096)
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = RealProcessBackend().spawn(["/bin/sh", "-c", "sleep 30"], "/", ENV)
+        assert proc.pid is not None
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        handle = processes._RealProcess(proc.pid, read_end, None)
+        try:
+            for piece in (b"a", b"b", b"c"):
+                os.write(write_end, piece * processes.READ_CHUNK_BYTES)  # full every time
+                assert await handle.read_some() == piece * processes.READ_CHUNK_BYTES
+            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == processes.READ_CHUNK_BYTES
+            assert handle.read_bytes == processes.READ_CHUNK_BYTES
+        finally:
+            os.close(write_end)
+            proc.signal_group(signal.SIGKILL)
+            await proc.wait()
+            proc.close()
+            handle.close()
+
+
+async def test_a_large_output_arrives_whole_through_a_growing_pipe(
+    backend: RealProcessBackend,
+) -> None:
+    expected = "".join(f"{i}\n" for i in range(1, 400_001)).encode()  # 2.7 MB
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = backend.spawn(["/bin/sh", "-c", "seq 1 400000"], "/", ENV)
+        try:
+            assert await read_all(proc) == expected
+            assert (await proc.wait()).exit_code == 0
+        finally:
+            proc.close()
