@@ -115,3 +115,38 @@ async def test_a_reset_peer_is_reported_broken(
         while True:
             await writer.send_all(b"y" * 100_000)
             await trio.lowlevel.checkpoint()  # the flusher's turn
+
+
+async def test_parts_arrive_whole_and_in_order_whether_written_at_once_or_queued(
+    pair: tuple[WriteBufferedStream, trio.SocketStream],
+) -> None:
+    # Batches of parts larger than the socket takes at once: a writev stops inside some part,
+    # and the rest of that part and the parts after it must follow exactly once.
+    writer, peer = pair
+    batches = [
+        [struct.pack("!I", b * 100 + p) * (size // 4 + 1) for p, size in enumerate(sizes)]
+        for b, sizes in enumerate([[2, 3_000_000, 5, 2_000_000], [7], [1_500_000] * 5, [0, 9]])
+    ]
+    expected = b"".join(b"".join(parts) for parts in batches) + b"end"
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            received: list[bytes] = []
+
+            async def read_all() -> None:
+                received.append(await read_exactly(peer, len(expected)))
+
+            nursery.start_soon(read_all)
+            for parts in batches:
+                await writer.send_parts(parts)
+            await writer.send_all(b"end")
+    assert received[0] == expected
+
+
+async def test_parts_on_an_idle_connection_reach_the_kernel_at_once(
+    pair: tuple[WriteBufferedStream, trio.SocketStream],
+) -> None:
+    writer, peer = pair
+    with trio.fail_after(TEST_DEADLINE_S):
+        await writer.send_parts([b"he", b"llo", b"!"])
+        assert writer.buffered_bytes == 0
+        assert await read_exactly(peer, 6) == b"hello!"

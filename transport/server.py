@@ -25,8 +25,7 @@ from trio_websocket import (
     WebSocketRequest,
     wrap_server_stream,
 )
-from wsproto.events import BytesMessage, TextMessage
-from wsproto.utilities import LocalProtocolError
+from wsproto.connection import ConnectionState
 
 from actors import events
 from actors.agent import Agent
@@ -36,6 +35,7 @@ from actors.results import Result, ToolwireError
 from transport import protocol
 from transport.buffered import WriteBufferedStream
 from transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
+from transport.frames import frame_parts
 
 log = logging.getLogger("toolwire.server")
 
@@ -210,20 +210,14 @@ class BatchWriter:
         ws = self._ws
         if ws._close_reason is not None:
             raise ConnectionClosed(ws._close_reason)
-        try:
-            frames = b"".join(
-                self._wsproto.send(
-                    TextMessage(data=payload)
-                    if isinstance(payload, str)
-                    else BytesMessage(data=payload)
-                )
-                for payload in payloads
-            )
-        except LocalProtocolError:
-            # The connection started closing under us: like send_message, report it closed.
-            raise ConnectionClosed(ws._close_reason) from None
+        # Framed here, not by wsproto, whose send copies each payload four times
+        # (transport/frames.py); the one thing wsproto checks for a data message is its state.
+        parts = frame_parts(payloads)
         async with self._lock:
-            await self._stream.send_all(frames)
+            if self._wsproto.state is not ConnectionState.OPEN:
+                # The connection started closing under us: like send_message, report it closed.
+                raise ConnectionClosed(ws._close_reason)
+            await self._stream.send_parts(parts)
 
 
 class Session:
