@@ -127,7 +127,9 @@ class _RealProcess:
         """The pipe was full: let the producer run further ahead, and read more at once."""
         self._grown = True
         try:
-            size = fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
+            size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            if size < BULK_PIPE_BYTES:  # never shrink one (64 KiB pages make 1 MiB pipes)
+                size = fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
         except OSError:
             return  # refused: keep the default pipe and reads
         self.read_bytes = max(self.read_bytes, size)
