@@ -725,19 +725,30 @@ class ChatActor:
         runtime.started = StartedEvent(
             self.chat_id, record.call_id, record.started_at_ms or 0, proc.handle.pid
         )
-        self._publish(record, runtime.started)
+        for sub in runtime.subs.values():
+            # Only a streaming follower is sent `started` (the outbox drops it for the others,
+            # and one that starts streaming later gets it from _follow): queuing it for the
+            # rest would only wake their senders for nothing.
+            if sub.active and sub.stream:
+                sub.outbox.put(runtime.started, sub)
 
         def on_output(_proc: processes.ProcessRecord) -> None:
             self._output_arrived(record)
 
         self._spawn(self._pump, proc, on_output, record)
-        self._spawn(processes.reap, proc, self.ctx.wall_ms, self.processes.exited)
+        wall_ms, on_exit = self.ctx.wall_ms, self.processes.exited
         if runtime.spec.background:
+            self._spawn(processes.reap, proc, wall_ms, on_exit)
             self._finish(record, self._execute_result(record, proc, Outcome.COMPLETED))
             return
+        # A foreground call reaps its process itself: one task and one wake-up fewer per call
+        # than a reaper task that this one waits for.
         with trio.move_on_at(record.deadline if record.deadline is not None else math.inf):
-            await proc.exited.wait()
+            await processes.reap(proc, wall_ms, on_exit)
         if proc.status is None:
+            # The deadline came first; the process runs on, and a reaper of its own records
+            # its exit whenever it comes.
+            self._spawn(processes.reap, proc, wall_ms, on_exit)
             proc.timed_out = True
             self._finish(record, self._execute_result(record, proc, Outcome.TIMED_OUT))
             return

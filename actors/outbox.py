@@ -28,9 +28,19 @@ from actors.events import (
 )
 from actors.output import OutputBuffer
 
-# One `output` message carries at most one pipe read's worth of text (64 KiB): big enough that a
-# fast producer costs few messages, small enough that other calls interleave fairly.
-OUTPUT_CHUNK_BYTES = 64 * 1024
+# One `output` message carries at most one large pipe read's worth of text (256 KiB, see
+# processes.BULK_PIPE_BYTES): a fast producer costs few messages, and each message costs both ends
+# a fixed price (on 2 cores, 64 KiB messages cost the benchmark's client more CPU than the bytes
+# did); still small enough that other calls interleave fairly.
+OUTPUT_CHUNK_BYTES = 256 * 1024
+# On a JSON connection a control character is escaped as six bytes (`\u0001`), so 256 KiB of
+# output can make a 1.5 MiB message. Common client libraries refuse messages over 1 MiB by
+# default (Python's `websockets`, trio-websocket), so JSON connections get 128 KiB chunks: at
+# worst 768 KiB of JSON.
+JSON_OUTPUT_CHUNK_BYTES = 128 * 1024
+# Output taken in one `take` (whole messages; a result's remaining output may exceed it): bounds
+# what one sender batch adds to a connection's write buffer however many calls stream at once.
+TAKE_OUTPUT_BYTES = 2 * 1024 * 1024
 
 
 class _Kind(enum.Enum):
@@ -101,8 +111,9 @@ class Subscription:
 class Outbox:
     """The queue of one connection. Filled synchronously by actors, drained by one sender."""
 
-    def __init__(self, label: str = "") -> None:
+    def __init__(self, label: str = "", *, output_chunk_bytes: int = OUTPUT_CHUNK_BYTES) -> None:
         self.label = label
+        self.output_chunk_bytes = output_chunk_bytes
         self.closed = False
         self._queue: deque[tuple[_Kind, Subscription | None, Event | None]] = deque()
         self._nonempty = trio.Event()
@@ -146,10 +157,14 @@ class Outbox:
         self._nonempty.set()
 
     def take(self, max_events: int = 256) -> list[Event]:
-        """Up to `max_events` events in send order, pulling output from cursors."""
+        """Up to `max_events` events in send order, pulling output from cursors (about
+        TAKE_OUTPUT_BYTES of it at most: more stays queued for the next take)."""
         out: list[Event] = []
         queue = self._queue
+        output_bytes = 0
         while queue and len(out) < max_events:
+            if output_bytes >= TAKE_OUTPUT_BYTES and queue[0][0] is _Kind.OUTPUT:
+                break
             kind, sub, event = queue.popleft()
             if sub is None:
                 assert event is not None
@@ -161,8 +176,10 @@ class Outbox:
                 continue
             if kind is _Kind.OUTPUT:
                 sub.output_pending = False
+                cursor = sub.cursor
                 if self._read_output(sub, out, once=True):
                     self.put_output(sub)  # more is ready: go round again, after the others
+                output_bytes += sub.cursor - cursor
             elif kind is _Kind.RESULT:
                 if sub.stream and not sub.finished:
                     self._read_output(sub, out, once=False)
@@ -193,7 +210,7 @@ class Outbox:
             return False
         got = False
         while True:
-            chunk = buffer.read(sub.cursor, OUTPUT_CHUNK_BYTES)
+            chunk = buffer.read(sub.cursor, self.output_chunk_bytes)
             if chunk is None:
                 break
             got = True

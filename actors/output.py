@@ -353,11 +353,10 @@ class OutputBuffer:
         # gap follows. Then an incomplete character there is final and decodes as U+FFFD.
         range_final = self._closed or range_end < self._total
         end = min(range_end, start + max_bytes)
-        window = self._slice(start, end)
-        if range_final and end == range_end:
-            used = len(window)
-        else:
-            used = len(window) - _incomplete_tail(window)
+        used = end - start
+        if not (range_final and end == range_end):
+            # Only the last few bytes can hold an incomplete character: look at those alone.
+            used -= _incomplete_tail(self._slice(max(start, end - _MAX_CONTINUATION), end))
         if used == 0:
             if end == range_end:
                 return None  # only an incomplete character, held back until it completes
@@ -368,7 +367,7 @@ class OutputBuffer:
                 return None
         # `used` ends at a character boundary, so decoding the slice alone gives exactly the
         # characters a one-shot decode of the whole output gives for these bytes.
-        return Chunk(start, _decode(window[:used]), start + used)
+        return Chunk(start, self._decode_range(start, start + used), start + used)
 
     def result_output(self) -> tuple[str, int]:
         """A Result's `output` and `truncated_bytes` (PROTOCOL.md sections 4 and 5.2).
@@ -411,6 +410,21 @@ class OutputBuffer:
         if offset < len(self._head):
             return 0, len(self._head)
         return self._tail_start, self._total
+
+    def _decode_range(self, start: int, end: int) -> str:
+        """`_decode(self._slice(start, end))`, decoded straight from storage: a streamed chunk
+        is copied once (into the str), not three times (slice, bytes, decode)."""
+        head_end = len(self._head)
+        if end <= head_end:
+            storage, base = self._head, 0
+        elif start >= head_end:
+            storage, base = self._tail, self._tail_base
+        else:
+            return _decode(self._slice(start, end))
+        # The view is released before returning: a live export would forbid the next append
+        # from resizing the storage.
+        with memoryview(storage) as view:
+            return str(view[start - base : end - base], "utf-8", "replace")
 
     def _slice(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of one contiguous retained range."""

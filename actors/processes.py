@@ -1,11 +1,13 @@
 """Processes: spawn in a new process group, pump output into a retention buffer, wait, signal.
 
 The process backend is an interface (`ProcessBackend`) so that the simulation harness can plug in
-scripted processes in virtual time without forking the runtime. `RealProcessBackend` spawns with
-`subprocess.Popen` directly on the event loop thread: Popen uses vfork+exec on Linux and returns
-in well under a millisecond, whereas `trio.lowlevel.open_process` hops to a worker thread for
-every spawn (measured here: ~1,240 spawns/s vs ~1,800/s for a bare posix_spawn+waitpid). Exit is
-awaited through a pidfd, so no thread is ever parked in waitpid.
+scripted processes in virtual time without forking the runtime. `RealProcessBackend` spawns
+directly on the event loop thread, with libc's posix_spawn (actors/spawn.py) or, where the C
+library lacks what that needs, `subprocess.Popen`: both vfork+exec and return in well under a
+millisecond, whereas `trio.lowlevel.open_process` hops to a worker thread for every spawn
+(measured here: ~1,240 spawns/s vs ~1,800/s for a bare posix_spawn+waitpid; spawning on worker
+threads was tried and was slower on 2 cores). Exit is awaited through a pidfd, so no thread is
+ever parked in waitpid.
 
 Known hazard (trio issue #3237): `trio.run_process` cancellation signals only the direct child,
 so a grandchild of `sh -c` survives. Every command here runs in its own process group and we
@@ -15,6 +17,7 @@ always signal the whole group.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import subprocess
@@ -25,10 +28,18 @@ from typing import Protocol
 import trio
 
 from actors.output import OutputBuffer
+from actors.spawn import PosixSpawner
 
 # One pipe read. 64 KiB is Linux's default pipe capacity, so one read drains a full pipe, and it
 # becomes one `output` message (never one message per line).
 READ_CHUNK_BYTES = 64 * 1024
+# A process that fills its pipe between two reads writes faster than the agent reads: its pipe
+# grows to this (once), and reads take this much. Fewer, larger reads and `output` messages cost
+# both ends less per byte (issue 6: a 200 MB stream, 648 -> 848 MB/s in an A/B run). Only such
+# processes get it: every pipe counts against its user's pipe quota (fs.pipe-user-pages-soft,
+# 64 MiB by default; beyond it the kernel gives that user's new pipes 2 pages), so a thousand
+# quiet processes must keep the default. Refused (quota, pipe-max-size): the default stays.
+BULK_PIPE_BYTES = 256 * 1024
 
 SIGNALS: dict[str, signal.Signals] = {
     name: getattr(signal, name)
@@ -84,12 +95,15 @@ class ProcessBackend(Protocol):
 
 
 class _RealProcess:
-    def __init__(self, popen: subprocess.Popen[bytes], read_fd: int) -> None:
+    def __init__(self, pid: int, read_fd: int, popen: subprocess.Popen[bytes] | None) -> None:
+        # Popen, when it spawned: told about the reap, so it neither warns nor reaps again.
         self._popen = popen
-        self.pid: int | None = popen.pid
+        self.pid: int | None = pid
         self._read_fd: int | None = read_fd
-        self._pidfd: int | None = os.pidfd_open(popen.pid)
+        self._pidfd: int | None = os.pidfd_open(pid)
         self._status: ExitStatus | None = None
+        self.read_bytes = READ_CHUNK_BYTES  # grows with the pipe (_grow_pipe)
+        self._grown = False
 
     async def read_some(self) -> bytes:
         while True:
@@ -97,19 +111,34 @@ class _RealProcess:
             if fd is None:
                 return b""
             try:
-                return os.read(fd, READ_CHUNK_BYTES)
+                data = os.read(fd, self.read_bytes)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(fd)
+                continue
             except OSError as exc:
                 if exc.errno == errno.EBADF:
                     return b""
                 raise
+            if len(data) == self.read_bytes and not self._grown:
+                self._grow_pipe(fd)
+            return data
+
+    def _grow_pipe(self, fd: int) -> None:
+        """The pipe was full: let the producer run further ahead, and read more at once."""
+        self._grown = True
+        try:
+            size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            if size < BULK_PIPE_BYTES:  # never shrink one (64 KiB pages make 1 MiB pipes)
+                size = fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
+        except OSError:
+            return  # refused: keep the default pipe and reads
+        self.read_bytes = max(self.read_bytes, size)
 
     def read_available(self) -> bytes:
         pieces: list[bytes] = []
         while self._read_fd is not None:
             try:
-                piece = os.read(self._read_fd, READ_CHUNK_BYTES)
+                piece = os.read(self._read_fd, self.read_bytes)
             except BlockingIOError:
                 break
             if not piece:
@@ -120,31 +149,33 @@ class _RealProcess:
     async def wait(self) -> ExitStatus:
         if self._status is not None:
             return self._status
-        assert self._pidfd is not None
+        assert self._pidfd is not None and self.pid is not None
         await trio.lowlevel.wait_readable(self._pidfd)
         # The pidfd is readable: the child has exited, so this waitpid returns at once.
-        _, status = os.waitpid(self._popen.pid, 0)  # noqa: ASYNC222
+        _, status = os.waitpid(self.pid, 0)  # noqa: ASYNC222
         self._status = ExitStatus.from_wait_status(status)
-        # Tell Popen the child is reaped, so it neither warns nor waits again.
-        self._popen.returncode = (
-            self._status.exit_code if self._status.exit_code is not None else -1
-        )
+        if self._popen is not None:
+            self._popen.returncode = (
+                self._status.exit_code if self._status.exit_code is not None else -1
+            )
         self._close_fd("_pidfd")
         return self._status
 
     def poll_exited(self) -> bool:
         if self._status is not None:
             return True
+        assert self.pid is not None
         try:
             # WNOWAIT: look without reaping; the reap task still collects the status.
-            info = os.waitid(os.P_PID, self._popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return True
         return info is not None
 
     def signal_group(self, sig: signal.Signals) -> bool:
+        assert self.pid is not None
         try:
-            os.killpg(self._popen.pid, sig)
+            os.killpg(self.pid, sig)
         except ProcessLookupError:
             return False
         return True
@@ -162,26 +193,55 @@ class _RealProcess:
 
 
 class RealProcessBackend:
+    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both)."""
+
+    def __init__(self, *, posix_spawn: bool = True) -> None:
+        self._spawner = PosixSpawner.load() if posix_spawn else None
+
+    @property
+    def uses_posix_spawn(self) -> bool:
+        return self._spawner is not None
+
     def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
-        read_fd, write_fd = os.pipe()
+        read_fd, write_fd = _pipe()
+        popen: subprocess.Popen[bytes] | None = None
         try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,  # one merged output, as a terminal shows it
-                cwd=cwd,
-                env=dict(env),
-                start_new_session=True,  # own session and process group: killed as a group
-                close_fds=True,
-            )
+            if self._spawner is not None:
+                pid = self._spawner.spawn(argv, cwd, env, write_fd)
+            else:
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=write_fd,
+                    stderr=write_fd,  # one merged output, as a terminal shows it
+                    cwd=cwd,
+                    env=dict(env),
+                    start_new_session=True,  # own session and process group: killed as a group
+                    close_fds=True,
+                )
+                pid = popen.pid
         except BaseException:
             os.close(read_fd)
             os.close(write_fd)
             raise
         os.close(write_fd)
         os.set_blocking(read_fd, False)
-        return _RealProcess(popen, read_fd)
+        return _RealProcess(pid, read_fd, popen)
+
+
+def _pipe() -> tuple[int, int]:
+    """An output pipe whose ends are >= 3 (close-on-exec, as os.pipe makes them): the child's
+    dup2 onto 1 and 2 must never overwrite the write end, even in an agent started with its
+    standard descriptors closed."""
+    read_fd, write_fd = os.pipe()
+    ends = []
+    for fd in (read_fd, write_fd):
+        if fd < 3:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    return ends[0], ends[1]
 
 
 @dataclass(eq=False)

@@ -19,10 +19,13 @@ from trio_websocket import WebSocketConnection, wrap_client_stream
 
 # The client queues this many received messages: it must never be what limits a pipeline.
 CLIENT_QUEUE = 8192
-# Bytes per socket read on the client: as the server reads (64 KiB), so bulk output is not
-# chopped into 4 KiB reads (trio-websocket's default).
-CLIENT_RECEIVE_BYTES = 64 * 1024
-# Largest message the client accepts: an `output` event carries at most 64 KiB of text, which
+# Bytes per socket read on the client: up to 1 MiB, so a 256 KiB `output` message is one read,
+# not four. Each read costs trio-websocket a pass through its reader (wsproto events, a message
+# part): with 64 KiB reads the client spent 0.15-0.20 s of CPU on a 200 MB stream and fell behind
+# the agent in about half the runs; with 1 MiB, 0.09-0.10 s (issue 6). Small messages are read
+# as they come either way: the transport scenario's rates did not move.
+CLIENT_RECEIVE_BYTES = 1024 * 1024
+# Largest message the client accepts: an `output` event carries at most 256 KiB of text, which
 # JSON may escape to six bytes a byte (NUL -> \u0000).
 CLIENT_MAX_MESSAGE = 8 * 1024 * 1024
 

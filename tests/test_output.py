@@ -7,7 +7,6 @@ are computed from it with Python's own UTF-8 decoder as the oracle for character
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -392,17 +391,15 @@ def test_three_megabytes_keep_first_and_last_lines() -> None:
     assert buf.read(0) == Chunk(0, decode(output[:RESULT_HEAD_BYTES]), RESULT_HEAD_BYTES)
 
 
-def test_two_hundred_megabytes_append_fast_in_bounded_memory() -> None:
+def test_two_hundred_megabytes_append_in_bounded_memory() -> None:
+    # Speed lives in benchmarks/ (the streaming scenario), never in a timed assertion here.
     piece = bytes(range(256)) * 256  # 64 KiB
     buf = OutputBuffer()
-    started = time.perf_counter()
     for _ in range(3200):
         buf.append(piece)
         assert buf.storage_bytes <= 2 * DEFAULT_RETENTION_BYTES
-    elapsed = time.perf_counter() - started
     assert buf.total == 3200 * len(piece)
     assert buf.retained_bytes == DEFAULT_RETENTION_BYTES
-    assert elapsed < 2.0  # amortised O(1) per byte: about 0.1 s; quadratic would take minutes
 
 
 @pytest.mark.parametrize("char", ["é", "€", "😀"])

@@ -952,3 +952,38 @@ async def test_a_repeat_after_the_end_does_not_cut_undelivered_output(
     assert text == "one\ntwo\n"
     assert sum(isinstance(e, StartedEvent) for e in got) == 1
     assert not any(isinstance(e, CancelResultEvent) for e in got)
+
+
+async def test_a_follower_that_starts_streaming_later_gets_started_once(live: LiveServer) -> None:
+    # `started` goes only to streaming followers; one that asks to stream later still gets it.
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as quiet, live.connect() as loud:
+            await quiet.send(execute("c", "late", "echo ready; sleep 30", stream=False))
+            await wait_for(quiet, of("accepted", "late"))
+            await loud.send(execute("c", "late", "echo ready; sleep 30", stream=True))
+            await output_containing(loud, "late", "ready")  # the process runs
+            await quiet.send(execute("c", "late", "echo ready; sleep 30", stream=True))
+            await output_containing(quiet, "late", "ready")
+            await cancel(quiet, "c", "late")  # its two results come before its cancel_result
+    kinds = [m["type"] for m in messages(quiet, "late")]
+    assert kinds.count("result") == 2
+    assert kinds.count("started") == 1
+    assert kinds.index("started") > [i for i, k in enumerate(kinds) if k == "accepted"][1]
+
+
+async def test_a_large_stream_puts_every_byte_at_its_offset(live: LiveServer) -> None:
+    # 3.9 MB as fast as `seq` writes: the pipe grows and reads and messages get large. Whatever
+    # a follower receives sits at its exact offset; a forward jump is a declared retention jump.
+    expected = "".join(f"{i}\n" for i in range(1, 600_001)).encode()
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            result = await conn.call("c", "seq", "execute", {"command": "seq 1 600000"})
+    assert result["outcome"] == "completed"
+    assert result["output_bytes"] == len(expected)
+    at = 0
+    for m in messages(conn, "seq", "output"):
+        data = m["data"].encode()
+        assert m["offset"] >= at
+        assert data == expected[m["offset"] : m["offset"] + len(data)]
+        at = m["offset"] + len(data)
+    assert at == len(expected)

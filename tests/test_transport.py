@@ -375,3 +375,22 @@ async def test_a_peer_that_misses_two_pongs_is_closed(
     await stream.aclose()
     assert pings >= 1
     assert closed_with == 1011
+
+
+async def test_escaped_json_output_fits_a_client_with_the_common_1_mib_message_limit(
+    live: LiveServer,
+) -> None:
+    # NUL bytes are escaped as six bytes each in JSON. The test client keeps trio-websocket's
+    # default 1 MiB message limit (as Python's `websockets` does): every output message must
+    # still fit it, and the client must reassemble every byte.
+    size = 700_000
+    async with live.connect() as conn:
+        with trio.fail_after(30):
+            result = await conn.call(
+                "c", "zeros", "execute", {"command": f"head -c {size} /dev/zero"}, stream=True
+            )
+        assert result["outcome"] == "completed" and result["output_bytes"] == size
+        outputs = [m for m in conn.seen if m["type"] == "output" and m["call_id"] == "zeros"]
+        assert len(outputs) > 1
+        assert "".join(m["data"] for m in outputs) == "\0" * size
+        assert all(len(json.dumps(m)) < 1024 * 1024 for m in outputs)

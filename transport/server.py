@@ -26,7 +26,7 @@ from wsproto.connection import ConnectionState
 from actors import events
 from actors.agent import Agent
 from actors.chat import CallSpec
-from actors.outbox import Outbox
+from actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
 from actors.results import Result, ToolwireError
 from transport import frames, protocol
 from transport.buffered import WriteBufferedStream
@@ -213,12 +213,13 @@ class BatchWriter:
         ws = self._ws
         if ws._close_reason is not None:
             raise ConnectionClosed(ws._close_reason)
-        if self._wsproto.state is not ConnectionState.OPEN:
-            # The connection started closing under us: like send_message, report it closed.
-            raise ConnectionClosed(ws._close_reason)
-        data = frames.frames(self._first, payloads)
+        parts = frames.frame_parts(self._first, payloads)
         async with self._lock:
-            await self._stream.send_all(data)
+            # Checked under the lock: a close frame may have gone out while we waited for it.
+            if self._wsproto.state is not ConnectionState.OPEN:
+                # The connection started closing under us: like send_message, report it closed.
+                raise ConnectionClosed(ws._close_reason)
+            await self._stream.send_parts(parts)
 
 
 class Session:
@@ -236,11 +237,17 @@ class Session:
         self.stream = stream
         encoding = SUBPROTOCOLS.get(ws.subprotocol or "", "json")
         self.codec = Codec("msgpack" if encoding == "msgpack" else "json")
-        self.outbox = Outbox(f"conn-{self.id}")
+        self.outbox = Outbox(
+            f"conn-{self.id}",
+            output_chunk_bytes=(
+                JSON_OUTPUT_CHUNK_BYTES if self.codec.encoding == "json" else OUTPUT_CHUNK_BYTES
+            ),
+        )
         # Set by the sender after each batch, for whoever waits for the outbox to shrink (the
         # reader when backlogged, the 1009 close); created only while someone waits.
         self._progress: trio.Event | None = None
         self._too_big = trio.Event()
+        self._sending = False  # the sender holds a taken batch that is not written yet
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             protocol.Call: self._on_call,
             protocol.Attach: self._on_attach,
@@ -322,7 +329,7 @@ class Session:
         # The requests before the too-big message were applied and their replies queued: they
         # go out first (for as long as a close may take), then the close frame.
         with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
-            while len(self.outbox):
+            while len(self.outbox) or self._sending:
                 await self._wait_progress()
         await self.close(CLOSE_TOO_BIG, "message too big")
         scope.cancel()
@@ -382,7 +389,15 @@ class Session:
             await outbox.wait()
             if outbox.closed:
                 return
-            await writer.send([encode(to_wire(event)) for event in outbox.take(SEND_BATCH_EVENTS)])
+            # Taken events are not in the outbox any more but not on the wire yet: whoever waits
+            # for the replies to leave (the 1009 close) must wait for this batch too.
+            self._sending = True
+            try:
+                await writer.send(
+                    [encode(to_wire(event)) for event in outbox.take(SEND_BATCH_EVENTS)]
+                )
+            finally:
+                self._sending = False
             self._progressed()
             # Backpressure: a client that does not read stops us here, not its calls.
             await self.stream.wait_writable(SEND_HIGH_WATER_BYTES)

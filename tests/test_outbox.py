@@ -1,0 +1,70 @@
+"""The connection outbox (actors/outbox.py) pulling output from per-call cursors: how much one
+`take` holds, and that every byte still leaves once, in order, with its offset."""
+
+from __future__ import annotations
+
+from actors.events import OutputEvent, ResultEvent
+from actors.outbox import OUTPUT_CHUNK_BYTES, TAKE_OUTPUT_BYTES, Outbox, Subscription
+from actors.output import OutputBuffer
+from actors.results import Outcome, Result
+
+MIB = 1024 * 1024
+
+
+def follower(outbox: Outbox, call_id: str, data: bytes) -> Subscription:
+    buffer = OutputBuffer()  # the default retention (1 MiB) holds all of `data`
+    buffer.append(data)
+    sub = Subscription(outbox, "c", call_id)
+    sub.stream = True
+    sub.buffer = buffer
+    sub.output_ready()
+    return sub
+
+
+def output_bytes(events: list[object]) -> int:
+    return sum(len(e.data) for e in events if isinstance(e, OutputEvent))
+
+
+def test_one_take_holds_about_take_output_bytes_and_the_rest_follows_in_order() -> None:
+    outbox = Outbox("t")
+    data = {f"call{n}": bytes([ord("a") + n]) * MIB for n in range(3)}  # 3 MiB in all
+    for call_id, payload in data.items():
+        follower(outbox, call_id, payload)
+    first = outbox.take(32)
+    assert TAKE_OUTPUT_BYTES <= output_bytes(first) < TAKE_OUTPUT_BYTES + OUTPUT_CHUNK_BYTES
+    events = list(first)
+    while len(outbox):
+        events += outbox.take(32)
+    for call_id, payload in data.items():
+        mine = [e for e in events if isinstance(e, OutputEvent) and e.call_id == call_id]
+        at = 0
+        for event in mine:
+            assert event.offset == at
+            at += len(event.data)
+        assert "".join(e.data for e in mine).encode() == payload
+        assert all(len(e.data) <= OUTPUT_CHUNK_BYTES for e in mine)
+
+
+def test_a_result_brings_all_output_before_it_whatever_the_budget() -> None:
+    outbox = Outbox("t")
+    sub = follower(outbox, "big", b"x" * MIB)
+    result = Result(
+        tool="execute",
+        outcome=Outcome.COMPLETED,
+        text="",
+        data=None,
+        output="",
+        output_bytes=MIB,
+        truncated_bytes=0,
+        timed_out=False,
+        canceled=False,
+        started_at=None,
+        finished_at=None,
+        wall_ms=None,
+    )
+    outbox.put_result(sub, ResultEvent("c", "big", result))
+    events: list[object] = []
+    while len(outbox):
+        events += outbox.take(32)
+    assert output_bytes(events) == MIB
+    assert isinstance(events[-1], ResultEvent)
