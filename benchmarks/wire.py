@@ -25,8 +25,8 @@ CLIENT_QUEUE = 8192
 # the agent in about half the runs; with 1 MiB, 0.09-0.10 s (issue 6). Small messages are read
 # as they come either way: the transport scenario's rates did not move.
 CLIENT_RECEIVE_BYTES = 1024 * 1024
-# Largest message the client accepts: an `output` event carries at most 256 KiB of text, which
-# JSON may escape to six bytes a byte (NUL -> \u0000).
+# Largest message the client accepts: an `output` event carries at most 256 KiB of text (128 KiB
+# on JSON, which may escape it to six bytes a byte: NUL -> \u0000).
 CLIENT_MAX_MESSAGE = 8 * 1024 * 1024
 
 
