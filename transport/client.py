@@ -83,9 +83,8 @@ log = logging.getLogger("toolwire.client")
 # The largest message we accept from the agent, in characters or bytes as trio-websocket counts.
 # The agent's own output chunks are at most 256 KiB (128 KiB on JSON), but a `turn_result`
 # carries up to 64 KiB of output per call, so a big turn is a few MiB; 256 MiB only guards
-# against a broken peer. It must stay far
-# above anything a sane agent sends: a 1009 here would make the client reconnect, re-attach, and
-# receive the same message again.
+# against a broken peer. It must stay far above anything a sane agent sends: a 1009 here would
+# make the client reconnect, re-attach, and receive the same message again.
 MAX_INCOMING_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 # Messages trio-websocket queues between its reader and ours. Our reader never blocks (it only
 # appends to queues), so this only absorbs scheduling jitter; it must be > 1 so a busy reader
