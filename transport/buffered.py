@@ -23,6 +23,7 @@ of an `execute` call (issue 6).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import trio
 
@@ -49,37 +50,25 @@ class WriteBufferedStream(trio.abc.Stream):
         return len(self._buffer) + self._in_flight
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if self._broken is not None:
-            raise trio.BrokenResourceError("the connection is broken") from self._broken
-        if self._closed:
-            raise trio.ClosedResourceError("the stream is closed")
-        if not self._flushing:
-            # Before the flusher runs (the handshake), write straight through.
-            await self.inner.send_all(data)
-            return
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not self._buffer and not self._in_flight:
-            sent = self._write_now(data)
-            if sent == len(data):
-                return
-            data = memoryview(data)[sent:]
-        self._buffer += data
-        self._data_ready.set()
+        await self.send_parts([data])
 
-    async def send_parts(self, parts: list[bytes]) -> None:
+    async def send_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """`send_all(b"".join(parts))` without the join: parts that go straight to the socket
         are never copied (one `writev`); only what waits for the flusher is."""
         if self._broken is not None:
             raise trio.BrokenResourceError("the connection is broken") from self._broken
         if self._closed:
             raise trio.ClosedResourceError("the stream is closed")
-        if not self._flushing or len(parts) > _MAX_PARTS:
-            await self.send_all(b"".join(parts))
+        if not self._flushing:
+            # Before the flusher runs (the handshake), write straight through.
+            await self.inner.send_all(b"".join(parts))
             return
         await trio.lowlevel.checkpoint_if_cancelled()
+        if len(parts) > _MAX_PARTS:
+            parts = [b"".join(parts)]
         sent = 0
         if not self._buffer and not self._in_flight:
-            sent = self._writev_now(parts)
+            sent = self._write_now(parts)
         for part in parts:
             if sent >= len(part):
                 sent -= len(part)
@@ -89,22 +78,10 @@ class WriteBufferedStream(trio.abc.Stream):
         if self._buffer:
             self._data_ready.set()
 
-    def _writev_now(self, parts: list[bytes]) -> int:
-        """As `_write_now`, for several buffers in one syscall."""
-        if self._socket is None:
-            return 0
-        fd = self._socket.fileno()
-        if fd < 0:
-            return 0
-        try:
-            return os.writev(fd, parts)
-        except OSError:
-            return 0
-
-    def _write_now(self, data: bytes | bytearray | memoryview) -> int:
-        """Write what the socket takes right now without blocking; the bytes written. 0 when it
-        is full, not a plain socket, or failing: the flusher then meets the error and reports
-        the stream broken, as before."""
+    def _write_now(self, parts: Sequence[bytes | bytearray | memoryview]) -> int:
+        """Write what the socket takes right now without blocking (one `writev`); the bytes
+        written. 0 when it is full, not a plain socket, or failing: the flusher then meets the
+        error and reports the stream broken, as before."""
         if self._socket is None:
             return 0
         # Asked each time, never kept: once closed it is -1, so a number reused by another file
@@ -113,7 +90,7 @@ class WriteBufferedStream(trio.abc.Stream):
         if fd < 0:
             return 0
         try:
-            return os.write(fd, data)
+            return os.writev(fd, parts)
         except OSError:
             return 0
 
