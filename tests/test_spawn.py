@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -237,38 +239,59 @@ def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> 
 # --- the output pipe ------------------------------------------------------------------------------
 
 
+class StandInPipe:
+    """Our own pipe, standing in for a process's (its writer is the test, so "full" is exact).
+    Both ends are non-blocking: a pipe smaller than expected fails a test, never hangs it."""
+
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.read_end, False)
+        os.set_blocking(self.write_end, False)
+
+    def write(self, data: bytes) -> None:
+        os.write(self.write_end, data)
+
+    def close_writer(self) -> None:
+        """EOF for the reader (closed once: a closed number may be reused by another file)."""
+        if self.write_end >= 0:
+            os.close(self.write_end)
+            self.write_end = -1
+
+
+@asynccontextmanager
+async def pipe_reader() -> AsyncIterator[tuple[processes._RealProcess, StandInPipe]]:
+    """A process handle (of a real `sleep`) reading a `StandInPipe`; all cleaned up on exit."""
+    proc = RealProcessBackend().spawn(["/bin/sh", "-c", "sleep 30"], "/", ENV)
+    assert proc.pid is not None
+    pipe = StandInPipe()
+    handle = processes._RealProcess(proc.pid, pipe.read_end, None)
+    try:
+        yield handle, pipe
+    finally:
+        pipe.close_writer()
+        proc.signal_group(signal.SIGKILL)
+        await proc.wait()
+        proc.close()
+        handle.close()
+
+
 async def test_a_full_pipe_grows_and_later_reads_take_more() -> None:
-    # Our own pipe stands in for the process's (its writer is this test, so "full" is exact).
     with trio.fail_after(TEST_DEADLINE_S):
-        proc = RealProcessBackend().spawn(["/bin/sh", "-c", "sleep 30"], "/", ENV)
-        assert proc.pid is not None
-        read_end, write_end = os.pipe()
-        os.set_blocking(read_end, False)
-        os.set_blocking(write_end, False)  # a pipe smaller than expected fails, never hangs
-        handle = processes._RealProcess(proc.pid, read_end, None)
-        try:
-            default = fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ)
+        async with pipe_reader() as (handle, pipe):
+            default = fcntl.fcntl(pipe.read_end, fcntl.F_GETPIPE_SZ)
             if default >= processes.BULK_PIPE_BYTES:
                 pytest.skip(f"the default pipe already holds {default} bytes (large pages)")
-            os.write(write_end, b"a" * 1000)
+            pipe.write(b"a" * 1000)
             assert await handle.read_some() == b"a" * 1000  # not full: nothing changes
-            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == default
-            os.write(write_end, b"b" * processes.READ_CHUNK_BYTES)  # fills it
+            assert fcntl.fcntl(pipe.read_end, fcntl.F_GETPIPE_SZ) == default
+            pipe.write(b"b" * processes.READ_CHUNK_BYTES)  # fills it
             assert await handle.read_some() == b"b" * processes.READ_CHUNK_BYTES
-            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == processes.BULK_PIPE_BYTES
+            assert fcntl.fcntl(pipe.read_end, fcntl.F_GETPIPE_SZ) == processes.BULK_PIPE_BYTES
             assert handle.read_bytes == processes.BULK_PIPE_BYTES
-            os.write(write_end, b"c" * processes.BULK_PIPE_BYTES)  # fits now, read at once
+            pipe.write(b"c" * processes.BULK_PIPE_BYTES)  # fits now, read at once
             assert await handle.read_some() == b"c" * processes.BULK_PIPE_BYTES
-            os.close(write_end)
-            write_end = -1
+            pipe.close_writer()
             assert await handle.read_some() == b""
-        finally:
-            if write_end >= 0:
-                os.close(write_end)
-            proc.signal_group(signal.SIGKILL)
-            await proc.wait()
-            proc.close()
-            handle.close()
 
 
 async def test_a_refused_pipe_growth_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,25 +299,13 @@ async def test_a_refused_pipe_growth_keeps_the_default(monkeypatch: pytest.Monke
     # its pipe quota (EPERM). Reading goes on with the default pipe, nothing lost.
     monkeypatch.setattr(processes, "BULK_PIPE_BYTES", 2**31 + 4096)
     with trio.fail_after(TEST_DEADLINE_S):
-        proc = RealProcessBackend().spawn(["/bin/sh", "-c", "sleep 30"], "/", ENV)
-        assert proc.pid is not None
-        read_end, write_end = os.pipe()
-        os.set_blocking(read_end, False)
-        os.set_blocking(write_end, False)  # a pipe smaller than expected fails, never hangs
-        handle = processes._RealProcess(proc.pid, read_end, None)
-        try:
-            default = fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ)
+        async with pipe_reader() as (handle, pipe):
+            default = fcntl.fcntl(pipe.read_end, fcntl.F_GETPIPE_SZ)
             for piece in (b"a", b"b", b"c"):
-                os.write(write_end, piece * processes.READ_CHUNK_BYTES)  # a full read each time
+                pipe.write(piece * processes.READ_CHUNK_BYTES)  # a full read each time
                 assert await handle.read_some() == piece * processes.READ_CHUNK_BYTES
-            assert fcntl.fcntl(read_end, fcntl.F_GETPIPE_SZ) == default
+            assert fcntl.fcntl(pipe.read_end, fcntl.F_GETPIPE_SZ) == default
             assert handle.read_bytes == processes.READ_CHUNK_BYTES
-        finally:
-            os.close(write_end)
-            proc.signal_group(signal.SIGKILL)
-            await proc.wait()
-            proc.close()
-            handle.close()
 
 
 async def test_a_large_output_arrives_whole_through_a_growing_pipe(
