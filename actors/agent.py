@@ -121,6 +121,10 @@ class Agent:
             self._nursery = nursery
             await nursery.start(self.ctx.journal.run)
             self.recovered = self._recover()
+            # Recovery ends every call that was running when the agent died `unknown`. That
+            # outcome is on disk before the agent takes requests: a retry right after a restart
+            # is told "done" with its result, never "running" while the write is under way.
+            await self.ctx.journal.wait_durable(self.ctx.journal.queued_seq)
             nursery.start_soon(self._sweeper)
             task_status.started(self)
             await trio.sleep_forever()

@@ -81,6 +81,12 @@ class Journal(ABC):
     def delete(self, chat_id: str, call_id: str) -> None:
         """Queue the removal of a forgotten record."""
 
+    @property
+    def queued_seq(self) -> int:
+        """The sequence number of the last write queued (0 when none): waiting for it to be
+        durable waits for everything queued so far."""
+        return 0
+
     @abstractmethod
     def is_durable(self, seq: int) -> bool: ...
 
@@ -227,6 +233,10 @@ class SqliteJournal(Journal):
 
     def delete(self, chat_id: str, call_id: str) -> None:
         self._queue(_DELETE, (chat_id, call_id))
+
+    @property
+    def queued_seq(self) -> int:
+        return self._queued_seq
 
     def is_durable(self, seq: int) -> bool:
         return seq <= self._durable_seq

@@ -71,6 +71,10 @@ class SimJournal(Journal):
     def delete(self, chat_id: str, call_id: str) -> None:
         self._queue("delete", (chat_id, call_id, 0))
 
+    @property
+    def queued_seq(self) -> int:
+        return self._queued_seq
+
     def is_durable(self, seq: int) -> bool:
         return seq <= self._durable_seq
 
