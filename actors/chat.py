@@ -8,10 +8,10 @@ this chat's nursery and reports back through the same synchronous methods.
 Failure containment: an exception inside one call saves that call's `unknown` result
 (PROTOCOL.md 7); it never takes down the chat, another chat or the connection.
 
-This module is the coordinator: requests, following, launching and publishing results. Turns,
-execute runs, gates, cancels, the result lane and the journal hooks live in modules of their own
-(see docs/architecture.md); `_cancel_one` and `_run_turn` stay methods here because the
-simulation plants known bugs in subclasses that override them (simulation/planted.py).
+This module is the coordinator: requests, following, launching and publishing results. Tool
+runs, execute runs, turns, gates, cancels, the result lane and the journal hooks live in modules
+of their own (see docs/architecture.md). `_cancel_one` and `_run_turn` stay methods here because
+the simulation plants known bugs in subclasses that override them (simulation/planted.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from actors import (
     call_results,
     cancellation,
     chat_journal,
-    execute_calls,
     gates,
     planner,
     processes,
+    tool_runs,
 )
 from actors.calls import CallRuntime, CallSpec, conflict_error, shared_tool_name
 from actors.events import (
@@ -53,17 +53,13 @@ from actors.records import (
 from actors.result_cache import ResultCache
 from actors.result_lane import ResultLane, saved_result
 from actors.results import (
-    TEXT_AGENT_FAILURE,
     TEXT_CANCELED_BEFORE_RUN,
-    TEXT_CANCELED_WHILE_RUNNING,
     TEXT_DENIED,
     Outcome,
     Result,
     ToolReport,
     ToolwireError,
 )
-from actors.tools import files as file_tools
-from actors.tools import process_tools
 from actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 from actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
 
@@ -505,13 +501,15 @@ class ChatActor:
             # path of the "trivial call" benchmark.
             seq = self._begin(record)
             if self.ctx.journal.is_durable(seq):
-                self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
+                tool_runs.finish_guarded(
+                    self, record, lambda: tool_runs.run_inline(self, tool, runtime)
+                )
             else:
-                self._spawn(self._run_inline_when_durable, record, tool, runtime, seq)
+                self._spawn(tool_runs.run_inline_when_durable, self, record, tool, runtime, seq)
             return
         if tool.kind is ToolKind.EXECUTE:
             self._launching[record.call_id] = None
-        self._spawn(self._run_task, record, tool)
+        self._spawn(tool_runs.run_task, self, record, tool)
 
     def _begin(self, record: ToolCallRecord) -> int:
         """Mark the effect started and journal it; returns the journal sequence number that
@@ -536,86 +534,6 @@ class ChatActor:
             )
             return False
         return True
-
-    async def _run_inline_when_durable(
-        self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime, seq: int
-    ) -> None:
-        if await self._durable_start(record, seq):
-            self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
-
-    def _run_inline(self, tool: ToolDef, runtime: CallRuntime) -> ToolReport:
-        parsed = runtime.parsed
-        workspace = self.ctx.workspace
-        if isinstance(parsed, file_tools.ReadFileArgs):
-            return file_tools.read_file(workspace, parsed)
-        if isinstance(parsed, file_tools.WriteFileArgs):
-            return file_tools.write_file(workspace, parsed)
-        if isinstance(parsed, file_tools.EditFilesArgs):
-            return file_tools.edit_files(workspace, parsed)
-        if isinstance(parsed, file_tools.SearchFilesArgs):
-            return file_tools.search_files(workspace, parsed)
-        if isinstance(parsed, process_tools.ProcessSignalArgs):
-            return process_tools.process_signal(self.processes, parsed)
-        if isinstance(parsed, process_tools.ProcessListArgs):
-            return process_tools.process_list(self.processes)
-        raise AssertionError(f"no inline runner for {tool.name}")
-
-    def _finish_guarded(self, record: ToolCallRecord, run: Callable[[], ToolReport]) -> None:
-        try:
-            report = run()
-        except Exception:
-            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
-            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE))
-            return
-        self._finish(record, self._report_result(record, report))
-
-    async def _run_task(self, record: ToolCallRecord, tool: ToolDef) -> None:
-        runtime = self._runtime(record)
-        try:
-            if runtime.limiter is not None:
-                async with runtime.limiter:
-                    await self._run_tool(record, tool, runtime)
-            else:
-                await self._run_tool(record, tool, runtime)
-        except Exception:
-            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
-            if record.effect_started:
-                result = self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
-            else:
-                result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
-            self._finish(record, result)
-        finally:
-            self._launching.pop(record.call_id, None)
-
-    async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
-        if record.state is not RecordState.QUEUED and record.state is not (
-            RecordState.AWAITING_APPROVAL
-        ):
-            return  # canceled (or denied) while waiting for a worker slot
-        if tool.kind is ToolKind.EXECUTE:
-            await execute_calls.run_execute(self, record, runtime)
-            return
-        seq = self._begin(record)
-        if not await self._durable_start(record, seq):
-            return
-        parsed = runtime.parsed
-        if isinstance(parsed, process_tools.ProcessOutputArgs):
-            with trio.CancelScope() as scope:
-                runtime.wait_scope = scope
-                report = await process_tools.process_output(
-                    self.processes, parsed, self.ctx.limits.max_wait_ms
-                )
-            if scope.cancelled_caught:
-                self._finish(
-                    record,
-                    self._plain_result(record, Outcome.CANCELED, TEXT_CANCELED_WHILE_RUNNING),
-                )
-                return
-        elif tool.kind is ToolKind.THREAD:
-            report = await trio.to_thread.run_sync(self._run_inline, tool, runtime)
-        else:
-            report = self._run_inline(tool, runtime)
-        self._finish(record, self._report_result(record, report))
 
     # -----------------------------------------------------------------------------------------
     # Cancel (actors/cancellation.py)
