@@ -7,122 +7,69 @@ this chat's nursery and reports back through the same synchronous methods.
 
 Failure containment: an exception inside one call saves that call's `unknown` result
 (PROTOCOL.md 7); it never takes down the chat, another chat or the connection.
+
+This module is the coordinator: requests, following, launching and publishing results. Tool
+runs, execute runs, turns, gates, cancels, the result lane and the journal hooks live in modules
+of their own (see docs/architecture.md). `_cancel_one` and `_run_turn` stay methods here because
+the simulation plants known bugs in subclasses that override them (simulation/planted.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
-from actors import call_results, planner, processes
+from actors import (
+    call_results,
+    cancellation,
+    chat_journal,
+    gates,
+    planner,
+    processes,
+    tool_runs,
+)
+from actors.calls import CallRuntime, CallSpec, conflict_error, shared_tool_name
 from actors.events import (
     AcceptedEvent,
-    ApprovalEvent,
     ApprovalResolvedEvent,
-    CancelResultEvent,
     Event,
-    InterruptedEvent,
     ResultEvent,
-    StartedEvent,
     TurnPlanEvent,
     TurnResultEvent,
 )
-from actors.journal import JournalError, JournalRow
+from actors.journal import JournalRow
 from actors.outbox import Outbox, Subscription
 from actors.records import (
     Admission,
-    CancelAction,
     RecordState,
     RecordTable,
     ToolCallRecord,
     args_fingerprint,
 )
 from actors.result_cache import ResultCache
+from actors.result_lane import ResultLane, saved_result
 from actors.results import (
-    TEXT_AGENT_FAILURE,
-    TEXT_AGENT_RESTARTED,
-    TEXT_APPROVAL_EXPIRED,
     TEXT_CANCELED_BEFORE_RUN,
-    TEXT_CANCELED_WHILE_RUNNING,
     TEXT_DENIED,
     Outcome,
     Result,
     ToolReport,
     ToolwireError,
 )
-from actors.tools import execute as execute_tool
-from actors.tools import files as file_tools
-from actors.tools import process_tools
 from actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
+from actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
 
 if TYPE_CHECKING:
     from actors.agent import AgentContext
 
 log = logging.getLogger("toolwire.chat")
 
-
-def shared_tool_name(name: str) -> str:
-    """The registry's own string for a known tool name: a record keeps it for as long as it
-    lives, and a name decoded from a request or a journal row is a new string each time (about
-    60 bytes per record, 100,000 records)."""
-    tool = TOOLS.get(name)
-    return tool.name if tool is not None else name
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """A tool call as requested (a `call` message, or one call of a `turn`)."""
-
-    call_id: str
-    tool: str
-    args: Any
-    timeout_ms: int | None = None
-    background: bool = False
-    approval: bool = False
-
-
-@dataclass(eq=False)
-class CallRuntime:
-    """What the chat holds for one record besides the pure record state."""
-
-    spec: CallSpec
-    parsed: msgspec.Struct | None = None
-    invalid: str | None = None  # why the args are unusable (turn calls only: fails when run)
-    done: trio.Event = field(default_factory=trio.Event)
-    subs: dict[Outbox, Subscription] = field(default_factory=dict)
-    process: processes.ProcessRecord | None = None
-    started: StartedEvent | None = None
-    gate: trio.Event | None = None  # set when a parked gate is answered
-    approved: bool = False
-    limiter: trio.CapacityLimiter | None = None  # a turn's "at most 8 at once"
-    # A blocking wait (process_output) has no process of its own to stop: a cancel ends it here.
-    wait_scope: trio.CancelScope | None = None
-
-
-@dataclass(eq=False)
-class TurnRun:
-    turn_id: str
-    call_ids: list[str]
-    fingerprint: bytes
-    segments: list[list[str]]
-    # One entry per `turn` request made while the turn runs: each gets its own turn_result.
-    followers: list[Outbox] = field(default_factory=list)
-    # Set once its turn_result went to the followers (and anything queued before it).
-    done: trio.Event = field(default_factory=trio.Event)
-    # Every call has its published result. The results themselves stay with the records (and
-    # the journal): a repeated turn reads them from there, so a finished turn holds none.
-    finished: bool = False
-
-
-# A delivery: results some requests are owed, and what sends them once they are at hand.
-_Delivery = tuple[list[ToolCallRecord], Callable[[list[Result]], None]]
+# Kept importable from here: transport, simulation, benchmarks and tests name them so.
+__all__ = ["CallRuntime", "CallSpec", "ChatActor", "TurnRun", "shared_tool_name"]
 
 
 class ChatActor:
@@ -140,8 +87,8 @@ class ChatActor:
         # a finished record's result lives there or in the journal, not in the record.
         self._results = results if results is not None else ResultCache()
         # Deliveries waiting for a result to be read back from the journal, in request order;
-        # None while nothing waits (the common case, and no deque per idle chat).
-        self._lane: deque[_Delivery] | None = None
+        # None while nothing waits (the common case, and no lane per idle chat).
+        self._lane: ResultLane | None = None
         # How this chat's task is started (the agent's nursery): on demand, when it has work.
         self._start_task = start
         self.records = RecordTable()
@@ -234,7 +181,7 @@ class ChatActor:
         )
         assert record is not None
         if admission is Admission.CONFLICT:
-            raise self._conflict(record)
+            raise conflict_error(record)
         if admission is Admission.NEW:
             self._forget_some()
             runtime = CallRuntime(spec=spec, parsed=parsed)
@@ -279,7 +226,7 @@ class ChatActor:
             )
         self.records.touch(record, self._now())
         decision = "approved" if approved else "denied"
-        self._resolve_gate(record, decision)
+        gates.resolve(self, record, decision)
         sub = self._runtime(record).subs.get(outbox)
         if sub is None or not sub.active or not (sub.stream or sub.resolved_events):
             # The approver learns that its answer took effect even when it does not follow the
@@ -295,16 +242,13 @@ class ChatActor:
         for call_id in call_ids:
             received, record = self._cancel_one(call_id)
             record.pins += 1  # its result is owed: not forgotten before the reply
-            self._spawn(self._reply_cancel, outbox, record, received, rid)
+            self._spawn(cancellation.reply_cancel, self, outbox, record, received, rid)
 
     def turn(
         self, outbox: Outbox, turn_id: str, specs: list[CallSpec], *, stream: bool, rid: Any
     ) -> None:
         """A `turn` request (PROTOCOL.md 5.6): validate everything first, then admit."""
-        fingerprint = args_fingerprint(
-            "turn",
-            [[s.call_id, s.tool, s.args, s.timeout_ms, s.background, s.approval] for s in specs],
-        )
+        fingerprint = turn_fingerprint(specs)
         existing = self.turns.get(turn_id)
         if (
             existing is not None
@@ -329,23 +273,7 @@ class ChatActor:
                     self._journal_touch(record)
             self._follow_turn(outbox, existing, stream=stream, rid=rid, created=frozenset())
             return
-        if not specs:
-            raise ToolwireError("bad_args", "turn: calls must not be empty")
-        seen: set[str] = set()
-        fingerprints = [args_fingerprint(spec.tool, spec.args) for spec in specs]
-        for spec, fp in zip(specs, fingerprints, strict=True):
-            if spec.call_id in seen:
-                raise ToolwireError(
-                    "bad_args", f"turn: call_id {spec.call_id!r} appears twice in one turn"
-                )
-            seen.add(spec.call_id)
-            record = self.records.get(spec.call_id)
-            if (
-                record is not None
-                and record.tool is not None
-                and (record.tool != spec.tool or record.fingerprint != fp)
-            ):
-                raise self._conflict(record)
+        fingerprints = check_new_turn(self.records, specs)
         segments = planner.plan_segments(
             [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs], self.ctx.workspace
         )
@@ -399,7 +327,9 @@ class ChatActor:
         ]
         for record in targets:
             self._cancel_one(record.call_id)
-        self._spawn(self._reply_interrupted, outbox, turn_id, targets, ending, turns, rid)
+        self._spawn(
+            cancellation.reply_interrupted, self, outbox, turn_id, targets, ending, turns, rid
+        )
 
     # -----------------------------------------------------------------------------------------
     # Following
@@ -444,7 +374,7 @@ class ChatActor:
             sub,
         )
         if record.state is RecordState.AWAITING_APPROVAL:
-            self._announce_gate(record, only=sub)
+            gates.announce(self, record, only=sub)
         if runtime.done.is_set():
             # Published means durable: a result is never sent before the journal holds it.
             if from_offset is None:
@@ -502,11 +432,11 @@ class ChatActor:
                 sub = self._subscribe(outbox, record, stream=False)
                 sub.resolved_events = True
                 if record.state is RecordState.AWAITING_APPROVAL:
-                    self._announce_gate(record, only=sub)
+                    gates.announce(self, record, only=sub)
         if run.finished:
             # After each call's result above: deliveries keep their order.
             self._deliver(
-                self._turn_records(run),
+                turn_records(self.records, run),
                 lambda results: outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results)),
             )
 
@@ -551,9 +481,9 @@ class ChatActor:
             runtime = self._runtime(record)
             runtime.gate = trio.Event()
             self._journal_write(record)
-            self._announce_gate(record)
+            gates.announce(self, record)
             if self.ctx.approval_timeout_s is not None:
-                self._spawn(self._expire_gate, record, runtime.gate)
+                self._spawn(gates.expire, self, record, runtime.gate)
             return
         self._launch(record)
 
@@ -571,13 +501,15 @@ class ChatActor:
             # path of the "trivial call" benchmark.
             seq = self._begin(record)
             if self.ctx.journal.is_durable(seq):
-                self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
+                tool_runs.finish_guarded(
+                    self, record, lambda: tool_runs.run_inline(self, tool, runtime)
+                )
             else:
-                self._spawn(self._run_inline_when_durable, record, tool, runtime, seq)
+                self._spawn(tool_runs.run_inline_when_durable, self, record, tool, runtime, seq)
             return
         if tool.kind is ToolKind.EXECUTE:
             self._launching[record.call_id] = None
-        self._spawn(self._run_task, record, tool)
+        self._spawn(tool_runs.run_task, self, record, tool)
 
     def _begin(self, record: ToolCallRecord) -> int:
         """Mark the effect started and journal it; returns the journal sequence number that
@@ -603,343 +535,19 @@ class ChatActor:
             return False
         return True
 
-    async def _run_inline_when_durable(
-        self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime, seq: int
-    ) -> None:
-        if await self._durable_start(record, seq):
-            self._finish_guarded(record, lambda: self._run_inline(tool, runtime))
-
-    def _run_inline(self, tool: ToolDef, runtime: CallRuntime) -> ToolReport:
-        parsed = runtime.parsed
-        workspace = self.ctx.workspace
-        if isinstance(parsed, file_tools.ReadFileArgs):
-            return file_tools.read_file(workspace, parsed)
-        if isinstance(parsed, file_tools.WriteFileArgs):
-            return file_tools.write_file(workspace, parsed)
-        if isinstance(parsed, file_tools.EditFilesArgs):
-            return file_tools.edit_files(workspace, parsed)
-        if isinstance(parsed, file_tools.SearchFilesArgs):
-            return file_tools.search_files(workspace, parsed)
-        if isinstance(parsed, process_tools.ProcessSignalArgs):
-            return process_tools.process_signal(self.processes, parsed)
-        if isinstance(parsed, process_tools.ProcessListArgs):
-            return process_tools.process_list(self.processes)
-        raise AssertionError(f"no inline runner for {tool.name}")
-
-    def _finish_guarded(self, record: ToolCallRecord, run: Callable[[], ToolReport]) -> None:
-        try:
-            report = run()
-        except Exception:
-            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
-            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE))
-            return
-        self._finish(record, self._report_result(record, report))
-
-    async def _run_task(self, record: ToolCallRecord, tool: ToolDef) -> None:
-        runtime = self._runtime(record)
-        try:
-            if runtime.limiter is not None:
-                async with runtime.limiter:
-                    await self._run_tool(record, tool, runtime)
-            else:
-                await self._run_tool(record, tool, runtime)
-        except Exception:
-            log.exception("tool %s failed", record.tool, extra=self._log_extra(record))
-            if record.effect_started:
-                result = self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
-            else:
-                result = self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
-            self._finish(record, result)
-        finally:
-            self._launching.pop(record.call_id, None)
-
-    async def _run_tool(self, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime) -> None:
-        if record.state is not RecordState.QUEUED and record.state is not (
-            RecordState.AWAITING_APPROVAL
-        ):
-            return  # canceled (or denied) while waiting for a worker slot
-        if tool.kind is ToolKind.EXECUTE:
-            await self._run_execute(record, runtime)
-            return
-        seq = self._begin(record)
-        if not await self._durable_start(record, seq):
-            return
-        parsed = runtime.parsed
-        if isinstance(parsed, process_tools.ProcessOutputArgs):
-            with trio.CancelScope() as scope:
-                runtime.wait_scope = scope
-                report = await process_tools.process_output(
-                    self.processes, parsed, self.ctx.limits.max_wait_ms
-                )
-            if scope.cancelled_caught:
-                self._finish(
-                    record,
-                    self._plain_result(record, Outcome.CANCELED, TEXT_CANCELED_WHILE_RUNNING),
-                )
-                return
-        elif tool.kind is ToolKind.THREAD:
-            report = await trio.to_thread.run_sync(self._run_inline, tool, runtime)
-        else:
-            report = self._run_inline(tool, runtime)
-        self._finish(record, self._report_result(record, report))
-
-    async def _run_execute(self, record: ToolCallRecord, runtime: CallRuntime) -> None:
-        args = runtime.parsed
-        assert isinstance(args, execute_tool.ExecuteArgs)
-        seq = self._begin(record)
-        if not await self._durable_start(record, seq):
-            return
-        self._launching.pop(record.call_id, None)
-        if self._at_process_limit():
-            limit = self.ctx.limits.max_processes_per_chat
-            self._finish(
-                record,
-                self._plain_result(
-                    record,
-                    Outcome.FAILED,
-                    f"the command did not start: this chat already runs {limit} processes "
-                    "(max_processes_per_chat); wait for one to exit or stop one",
-                ),
-            )
-            return
-        try:
-            proc = self.processes.spawn(
-                record.call_id,
-                args.command,
-                execute_tool.argv_for(args),
-                execute_tool.cwd_for(args, self.ctx.workspace),
-                execute_tool.env_for(args, self.ctx.base_env),
-                record.started_at_ms or self.ctx.wall_ms(),
-            )
-        except OSError as exc:
-            self._finish(
-                record,
-                self._plain_result(
-                    record, Outcome.FAILED, f"the command did not start: {exc.strerror or exc}"
-                ),
-            )
-            return
-        runtime.process = proc
-        for sub in runtime.subs.values():
-            sub.buffer = proc.output
-        runtime.started = StartedEvent(
-            self.chat_id, record.call_id, record.started_at_ms or 0, proc.handle.pid
-        )
-        for sub in runtime.subs.values():
-            # Only a streaming follower is sent `started` (the outbox drops it for the others,
-            # and one that starts streaming later gets it from _follow): queuing it for the
-            # rest would only wake their senders for nothing.
-            if sub.active and sub.stream:
-                sub.outbox.put(runtime.started, sub)
-
-        def on_output(_proc: processes.ProcessRecord) -> None:
-            self._output_arrived(record)
-
-        self._spawn(self._pump, proc, on_output, record)
-        wall_ms, on_exit = self.ctx.wall_ms, self.processes.exited
-        if runtime.spec.background:
-            self._spawn(processes.reap, proc, wall_ms, on_exit)
-            self._finish(record, self._execute_result(record, proc, Outcome.COMPLETED))
-            return
-        # A foreground call reaps its process itself: one task and one wake-up fewer per call
-        # than a reaper task that this one waits for.
-        with trio.move_on_at(record.deadline if record.deadline is not None else math.inf):
-            await processes.reap(proc, wall_ms, on_exit)
-        if proc.status is None:
-            # The deadline came first; the process runs on, and a reaper of its own records
-            # its exit whenever it comes.
-            self._spawn(processes.reap, proc, wall_ms, on_exit)
-            proc.timed_out = True
-            self._finish(record, self._execute_result(record, proc, Outcome.TIMED_OUT))
-            return
-        processes.drain_available(proc, on_output)
-        outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
-        self._finish(record, self._execute_result(record, proc, outcome))
-
-    async def _pump(
-        self,
-        proc: processes.ProcessRecord,
-        on_output: Callable[[processes.ProcessRecord], None],
-        record: ToolCallRecord,
-    ) -> None:
-        try:
-            await processes.pump(proc, on_output)
-        except Exception:
-            log.exception("output pump failed", extra=self._log_extra(record))
-        self._maybe_close_output(record)
-
     # -----------------------------------------------------------------------------------------
-    # Gates
-
-    def _announce_gate(self, record: ToolCallRecord, only: Subscription | None = None) -> None:
-        runtime = self._runtime(record)
-        event = ApprovalEvent(
-            self.chat_id, record.call_id, runtime.spec.tool, runtime.spec.args, record.turn_id
-        )
-        if only is not None:
-            only.outbox.put(event, only)
-        else:
-            self._publish(record, event)
-
-    def _resolve_gate(self, record: ToolCallRecord, decision: str) -> None:
-        runtime = self._runtime(record)
-        if runtime.gate is not None and not runtime.gate.is_set():
-            runtime.gate.set()
-            runtime.approved = decision == "approved"
-            self._publish(record, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
-
-    async def _expire_gate(self, record: ToolCallRecord, gate: trio.Event) -> None:
-        assert self.ctx.approval_timeout_s is not None
-        with trio.move_on_after(self.ctx.approval_timeout_s):
-            await gate.wait()
-            return
-        if record.state is RecordState.AWAITING_APPROVAL and not gate.is_set():
-            self._resolve_gate(record, "expired")
-            self._finish(record, self._plain_result(record, Outcome.NOT_RUN, TEXT_APPROVAL_EXPIRED))
-
-    # -----------------------------------------------------------------------------------------
-    # Cancel and interrupt
+    # Cancel (actors/cancellation.py)
 
     def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
-        """Apply one cancel now (PROTOCOL.md 5.3). Returns (received, record); the record is
-        DONE at once, or becomes DONE when the stopped run ends."""
-        action, record = self.records.cancel(call_id, self._now())
-        if action is CancelAction.TOMBSTONED:
-            record.runtime = CallRuntime(spec=CallSpec(call_id, "", {}))
-            proc = self.processes.get(call_id)
-            if proc is not None and (proc.running or not proc.output_closed.is_set()):
-                # A process outlives its (forgotten) record: the cancel still stops it, also
-                # when only a background child of its exited shell is left (it holds the pipe).
-                self.records.begin(record)
-                record.started_at_ms = proc.started_at_ms
-                self._runtime(record).process = proc
-                self._spawn(self._kill_then_finish, record, proc)
-            else:
-                self._finish(
-                    record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
-                )
-            return False, record
-        runtime = self._runtime(record)  # a finished record may have released its runtime
-        if action is CancelAction.CLOSED_BEFORE_RUN:
-            self._resolve_gate(record, "canceled")
-            self._finish(
-                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
-            )
-        elif action is CancelAction.STOP_RUNNING:
-            proc = runtime.process
-            if proc is not None and processes.has_exited(proc):
-                # The command had already exited: the call finished first, so its real result
-                # stands (only a run that was still going is "canceled").
-                record.cancel_requested = False
-            elif proc is not None:
-                proc.canceled = True
-                self._spawn(self._terminate, proc)
-            elif runtime.wait_scope is not None:
-                runtime.wait_scope.cancel()
-            # A file tool in a worker thread cannot be interrupted: the cancel waits for it
-            # and reports its real result, which is the truth.
-        else:
-            proc = runtime.process if runtime.process is not None else self.processes.get(call_id)
-            if proc is not None and (proc.running or not proc.output_closed.is_set()):
-                proc.canceled = True
-                self._spawn(self._terminate, proc)
-        return True, record
-
-    async def _terminate(self, proc: processes.ProcessRecord) -> None:
-        await processes.terminate(proc, self.ctx.kill_grace_s)
-
-    async def _kill_then_finish(
-        self, record: ToolCallRecord, proc: processes.ProcessRecord
-    ) -> None:
-        proc.canceled = True
-        await processes.terminate(proc, self.ctx.kill_grace_s)
-        self._finish(record, self._execute_result(record, proc, Outcome.CANCELED))
-
-    async def _reply_cancel(
-        self, outbox: Outbox, record: ToolCallRecord, received: bool, rid: Any
-    ) -> None:
-        try:
-            runtime = self._runtime(record)
-            await runtime.done.wait()
-            proc = runtime.process or self.processes.get(record.call_id)
-            if received and proc is not None and proc.canceled:
-                # A process the ended call left running is killed "like a running one" (5.3):
-                # the reply waits for it, so a client never sees it alive after the
-                # cancel_result.
-                await proc.exited.wait()
-            self._deliver(
-                [record],
-                lambda results: outbox.put(
-                    CancelResultEvent(self.chat_id, record.call_id, received, results[0], rid)
-                ),
-            )
-        finally:
-            record.pins -= 1
-
-    async def _reply_interrupted(
-        self,
-        outbox: Outbox,
-        turn_id: str | None,
-        targets: list[ToolCallRecord],
-        ending: list[ToolCallRecord],
-        turns: list[TurnRun],
-        rid: Any,
-    ) -> None:
-        for record in (*targets, *ending):
-            await self._runtime(record).done.wait()
-        for run in turns:
-            await run.done.wait()
-        # The calls this interrupt ended; one that finished on its own first kept its real
-        # result and was not ended by the interrupt.
-        ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
-        # Behind any result still being read back for this chat: `interrupted` comes last.
-        self._deliver([], lambda _: outbox.put(InterruptedEvent(self.chat_id, turn_id, ended, rid)))
+        """Apply one cancel now; a method so that a test-only subclass can plant a bug here."""
+        return cancellation.cancel_one(self, call_id)
 
     # -----------------------------------------------------------------------------------------
-    # Turns
+    # Turns (actors/turns.py)
 
     async def _run_turn(self, run: TurnRun) -> None:
-        try:
-            for segment in run.segments:
-                async with trio.open_nursery() as nursery:
-                    for call_id in segment:
-                        nursery.start_soon(self._run_turn_call, call_id)
-            # Every segment ran to its end, so every call has its one published result. From
-            # here a repeated turn is answered from the records (`_follow_turn`).
-            run.finished = True
-            followers, run.followers = run.followers, []
-
-            def send(results: list[Result]) -> None:
-                for outbox in followers:
-                    outbox.put(TurnResultEvent(self.chat_id, run.turn_id, results))
-                run.done.set()
-
-            self._deliver(self._turn_records(run), send)  # pins them until sent
-        finally:
-            # Also when cancelled (the agent is stopping or crashed): this turn pins them no
-            # longer.
-            for call_id in run.call_ids:
-                record = self.records.get(call_id)
-                if record is not None:
-                    record.pins -= 1
-
-    def _turn_records(self, run: TurnRun) -> list[ToolCallRecord]:
-        """The records of a finished turn's calls: pinned while it ran, and a repeat of it
-        after one was forgotten is a new turn (see `turn`), so none is missing."""
-        records: list[ToolCallRecord] = []
-        for call_id in run.call_ids:
-            record = self.records.get(call_id)
-            assert record is not None, f"turn {run.turn_id} lost its call {call_id}"
-            records.append(record)
-        return records
-
-    async def _run_turn_call(self, call_id: str) -> None:
-        record = self.records.get(call_id)
-        assert record is not None
-        runtime = self._runtime(record)
-        if record.state is RecordState.QUEUED:
-            self._start(record, gated=self._gated(runtime.spec))
-        await runtime.done.wait()
+        """A method so that a test-only subclass can plant a bug here."""
+        await run_turn(self, run)
 
     # -----------------------------------------------------------------------------------------
     # Results
@@ -984,12 +592,6 @@ class ChatActor:
                 "call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record)
             )
 
-    def _saved_result(self, record: ToolCallRecord) -> Result | None:
-        """A published record's result if it is on the heap; None if it must be read back."""
-        if record.result is not None:
-            return record.result
-        return self._results.get((self.chat_id, record.call_id))
-
     def _deliver(self, records: list[ToolCallRecord], send: Callable[[list[Result]], None]) -> None:
         """Call `send` with the saved results of `records` (each published): at once when they
         are on the heap and no earlier delivery of this chat is still waiting, else once read
@@ -998,60 +600,24 @@ class ChatActor:
         if self._lane is None:
             results: list[Result] = []
             for record in records:
-                result = self._saved_result(record)
+                result = saved_result(self._results, self.chat_id, record)
                 if result is None:
                     break
                 results.append(result)
             else:
                 send(results)
                 return
-            self._lane = deque()
+            self._lane = ResultLane(self.chat_id, self.ctx, self._results)
             self._spawn(self._run_lane, self._lane)
         for record in records:
             record.pins += 1
-        self._lane.append((records, send))
+        self._lane.deliveries.append((records, send))
 
-    async def _run_lane(self, lane: deque[_Delivery]) -> None:
-        """Send the waiting deliveries in order, reading their results back in batches."""
+    async def _run_lane(self, lane: ResultLane) -> None:
         try:
-            while lane:
-                batch = list(lane)
-                # What is on the heap now is taken now (the cache may evict it while we wait),
-                # the rest comes in one journal read for every delivery waiting (a turn, a
-                # burst of retries). A saved result never changes, so either is the same.
-                held: dict[str, Result] = {}
-                wanted: dict[str, ToolCallRecord] = {}
-                for records, _ in batch:
-                    for record in records:
-                        result = self._saved_result(record)
-                        if result is None:
-                            wanted[record.call_id] = record
-                        else:
-                            held[record.call_id] = result
-                held.update(await self._read_results(list(wanted.values())))
-                for records, send in batch:
-                    lane.popleft()
-                    for record in records:
-                        record.pins -= 1
-                    send([held[record.call_id] for record in records])
+            await lane.run()
         finally:
             self._lane = None
-
-    async def _read_results(self, records: list[ToolCallRecord]) -> dict[str, Result]:
-        """Read released results back from the journal (and keep them among the recent)."""
-        if not records:
-            return {}
-        keys = [(self.chat_id, record.call_id) for record in records]
-        found = await self.ctx.journal.read_results(keys)
-        loaded: dict[str, Result] = {}
-        for key, result in zip(keys, found, strict=True):
-            if result is None:
-                # A pinned record is never forgotten, so its row cannot be gone: the journal
-                # lost a durable result. Stop rather than answer anything else.
-                raise JournalError(f"the journal has no saved result for {key[0]!r}/{key[1]!r}")
-            self._results.put(key, result)
-            loaded[key[1]] = result
-        return loaded
 
     def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
         runtime = record.runtime
@@ -1060,21 +626,6 @@ class ChatActor:
 
     def _report_result(self, record: ToolCallRecord, report: ToolReport) -> Result:
         return call_results.report_result(record, report, self.ctx.wall_ms())
-
-    def _execute_result(
-        self, record: ToolCallRecord, proc: processes.ProcessRecord, outcome: Outcome
-    ) -> Result:
-        return call_results.execute_result(
-            record,
-            outcome=outcome,
-            process_id=proc.process_id,
-            output=proc.output,
-            status=proc.status,
-            timeout_ms=self._runtime(record).spec.timeout_ms,
-            timed_out=proc.timed_out,
-            canceled=proc.canceled,
-            finished_ms=self.ctx.wall_ms(),
-        )
 
     # -----------------------------------------------------------------------------------------
     # Housekeeping
@@ -1104,13 +655,6 @@ class ChatActor:
         if runtime.process is not None and not runtime.process.output.closed:
             return
         record.runtime = None
-
-    def _conflict(self, record: ToolCallRecord) -> ToolwireError:
-        return ToolwireError(
-            "conflict",
-            f"call_id {record.call_id!r} was first used with tool {record.tool!r} and other "
-            "args; a retry must repeat the same tool and args, a new call needs a new id",
-        )
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
         if spec.background and spec.timeout_ms:
@@ -1170,21 +714,7 @@ class ChatActor:
             return 0  # queued turn calls have done nothing yet: nothing to remember
         spec = self._runtime(record).spec
         return journal.write(
-            JournalRow(
-                chat_id=self.chat_id,
-                call_id=record.call_id,
-                state=record.state.value,
-                tool=record.tool,
-                fingerprint=record.fingerprint,
-                args=spec.args,
-                timeout_ms=spec.timeout_ms,
-                background=spec.background,
-                approval=spec.approval,
-                turn_id=record.turn_id,
-                result=record.result,
-                started_at_ms=record.started_at_ms,
-                touched_at_ms=self.ctx.wall_ms(),
-            )
+            chat_journal.journal_row(self.chat_id, record, spec, self.ctx.wall_ms())
         )
 
     def _journal_touch(self, record: ToolCallRecord) -> None:
@@ -1192,47 +722,5 @@ class ChatActor:
             self.ctx.journal.touch(self.chat_id, record.call_id, self.ctx.wall_ms())
 
     def restore(self, row: JournalRow, touched_at: float) -> None:
-        """Rebuild one record from the journal after a restart (PROTOCOL.md promise 1):
-        a saved result is served again as it was; a call that was running when the agent died
-        ends `unknown` and never runs again; a parked gate is parked again."""
-        spec = CallSpec(
-            row.call_id, row.tool or "", row.args, row.timeout_ms, row.background, row.approval
-        )
-        runtime = CallRuntime(spec=spec)
-        record = ToolCallRecord(
-            call_id=row.call_id,
-            tool=None if row.tool is None else shared_tool_name(row.tool),
-            fingerprint=row.fingerprint,
-            state=RecordState(row.state),
-            touched_at=touched_at,
-            effect_started=row.started_at_ms is not None or row.state == "running",
-            started_at_ms=row.started_at_ms,
-            result=row.result,
-            outcome=row.result.outcome if row.result is not None else None,
-            turn_id=row.turn_id,
-        )
-        self.records.restore(record)
-        if record.state is RecordState.DONE:
-            if record.result is None:
-                raise ValueError(
-                    f"journal row {row.chat_id!r}/{row.call_id!r} is done without a result"
-                )
-            # Durable and published as it was before the restart: it needs no runtime (a
-            # follower gets a fresh one, already done) and, when the journal keeps results,
-            # not its result on the heap either.
-            record.published = True
-            if self.ctx.journal.keeps_results:
-                self.records.release_result(record)
-            return
-        record.runtime = runtime
-        if record.state is RecordState.RUNNING:
-            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_RESTARTED))
-        elif record.state is RecordState.AWAITING_APPROVAL:
-            try:
-                tool = lookup(spec.tool)
-                runtime.parsed = parse_args(tool, spec.args)
-            except ToolwireError as exc:
-                runtime.invalid = exc.message
-            runtime.gate = trio.Event()
-            if self.ctx.approval_timeout_s is not None:
-                self._spawn(self._expire_gate, record, runtime.gate)
+        """Rebuild one record from the journal after a restart (see `chat_journal.restore`)."""
+        chat_journal.restore(self, row, touched_at)
