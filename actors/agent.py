@@ -120,11 +120,16 @@ class Agent:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.ctx.journal.run)
+            journal = self.ctx.journal
+            queued_before = journal.queued_seq
             self.recovered = self._recover()
             # Recovery ends every call that was running when the agent died `unknown`. That
             # outcome is on disk before the agent takes requests: a retry right after a restart
             # is told "done" with its result, never "running" while the write is under way.
-            await self.ctx.journal.wait_durable(self.ctx.journal.queued_seq)
+            # Only recovery's own writes are waited for (a store may count writes a dead agent
+            # queued and never committed).
+            if journal.queued_seq != queued_before:
+                await journal.wait_durable(journal.queued_seq)
             nursery.start_soon(self._sweeper)
             task_status.started(self)
             await trio.sleep_forever()
