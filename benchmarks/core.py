@@ -206,3 +206,14 @@ def rotated(items: Sequence[Any], by: int) -> list[Any]:
         return []
     k = by % len(items)
     return [*items[k:], *items[:k]]
+
+
+def run_side_by_side(
+    ctx: BenchContext, scenario: str, variants: Sequence[Callable[[int], None]], repeats: int
+) -> None:
+    """Run every variant once per repeat, `variant(repeat)`, in an order rotated each repeat:
+    toolwire and its baselines meet the same machine load, and none always goes first."""
+    for r in range(repeats):
+        for variant in rotated(variants, r):
+            ctx.report(f"{scenario}: repeat {r + 1}/{repeats}")
+            variant(r)

@@ -1,8 +1,8 @@
 """`toolwire bench`: run the scenarios, show progress, write JSON + Markdown + PNG plots.
 
 Adding a scenario is one function and one registry entry: write `run(ctx) -> ScenarioResult`
-(in `benchmarks/scenarios/`), measuring every variant once per repeat (see `core.rotated`), and
-add a `Scenario` to `SCENARIOS` below.
+(in `benchmarks/scenarios/`), measuring every variant once per repeat (see
+`core.run_side_by_side`), and add a `Scenario` to `SCENARIOS` below.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ among every call queued meanwhile, which is what the window of 64 lets it do.
 
 from __future__ import annotations
 
-from benchmarks.core import BenchContext, Comparison, ScenarioResult, rotated
+from benchmarks.core import BenchContext, Comparison, ScenarioResult, run_side_by_side
 from benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
 from benchmarks.wire import Codec, pipelined_calls
 
@@ -70,10 +70,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             for name in labels
             for tool in ("read_file", "execute")
         ]
-        for r in range(repeats):
-            for variant in rotated(variants, r):
-                ctx.report(f"journal: repeat {r + 1}/{repeats}")
-                variant(r)
+        run_side_by_side(ctx, "journal", variants, repeats)
 
     res.comparisons = [
         Comparison(

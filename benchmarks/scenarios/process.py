@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import trio
 
-from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, rotated
+from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, run_side_by_side
 from benchmarks.scenarios.common import Timed, servers, timed_ws
 from benchmarks.wire import Codec, pipelined_calls
 
@@ -95,15 +96,15 @@ def run(ctx: BenchContext) -> ScenarioResult:
         def posix_spawn_shell(r: int, c: int) -> None:
             _posix_spawns("/bin/sh", env, n_spawns, c, ["/bin/sh", "-c", "true"]).record(shell_m[c])
 
+        def at(fn: Callable[[int, int], None], c: int) -> Callable[[int], None]:
+            return lambda r: fn(r, c)
+
         variants = [
-            (fn, c)
+            at(fn, c)
             for c in CONCURRENCY
             for fn in (toolwire, bare_trio, posix_spawn, posix_spawn_shell)
         ]
-        for r in range(repeats):
-            for fn, c in rotated(variants, r):
-                ctx.report(f"process: repeat {r + 1}/{repeats}")
-                fn(r, c)
+        run_side_by_side(ctx, "process", variants, repeats)
 
     for c in CONCURRENCY:
         res.comparisons.append(

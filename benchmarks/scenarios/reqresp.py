@@ -27,7 +27,14 @@ from typing import Any
 
 import trio
 
-from benchmarks.core import BenchContext, Comparison, Goal, Measurement, ScenarioResult, rotated
+from benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    Measurement,
+    ScenarioResult,
+    run_side_by_side,
+)
 from benchmarks.http_baseline import HttpClient
 from benchmarks.procs import CpuMeter, ServerProcess
 from benchmarks.scenarios.common import TRIVIAL_ARGS, Timed, servers, timed_ws
@@ -189,10 +196,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             toolwire_cancel,
             http_cancel,
         ]
-        for r in range(repeats):
-            for variant in rotated(variants, r):
-                ctx.report(f"reqresp: repeat {r + 1}/{repeats}")
-                variant(r)
+        run_side_by_side(ctx, "reqresp", variants, repeats)
 
     res.comparisons = [
         Comparison(

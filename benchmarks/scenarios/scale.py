@@ -30,7 +30,14 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.core import BenchContext, Comparison, Goal, Measurement, ScenarioResult, rotated
+from benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    Measurement,
+    ScenarioResult,
+    run_side_by_side,
+)
 from benchmarks.procs import ServerProcess, child_env, rss_bytes
 from benchmarks.scenarios.common import make_workspace, servers
 from benchmarks.wire import Codec, UnexpectedReply, ws_connect
@@ -194,10 +201,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             trio.run(_trio_procs, n_procs, sleep_s, m_trio_wall, m_trio_peak)
 
         variants = [memory_sqlite, memory_memory, memory_burst, toolwire_procs, trio_procs]
-        for r in range(repeats):
-            for variant in rotated(variants, r):
-                ctx.report(f"scale: repeat {r + 1}/{repeats}")
-                variant(r)
+        run_side_by_side(ctx, "scale", variants, repeats)
 
     res.comparisons = [
         Comparison(

@@ -18,7 +18,14 @@ import time
 
 import trio
 
-from benchmarks.core import BenchContext, Comparison, Goal, Measurement, ScenarioResult, rotated
+from benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    Measurement,
+    ScenarioResult,
+    run_side_by_side,
+)
 from benchmarks.procs import CpuMeter, ServerProcess
 from benchmarks.scenarios.common import servers
 from benchmarks.wire import Codec, UnexpectedReply, ws_connect
@@ -57,10 +64,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             trio.run(_trio_pipe, ["head", "-c", str(size), "/dev/zero"], size, m_pipe)
 
         variants = [lambda r: toolwire(r, "msgpack"), lambda r: toolwire(r, "json"), pipe]
-        for r in range(repeats):
-            for variant in rotated(variants, r):
-                ctx.report(f"streaming: repeat {r + 1}/{repeats}")
-                variant(r)
+        run_side_by_side(ctx, "streaming", variants, repeats)
 
     res.comparisons = [
         Comparison(

@@ -9,7 +9,7 @@ at least three messages (`call`, `accepted`, `result`), an echo is two.
 
 from __future__ import annotations
 
-from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, rotated
+from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, run_side_by_side
 from benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
 from benchmarks.wire import Codec, WsConn, await_result, pipelined_calls, pipelined_echo
 
@@ -106,10 +106,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             lambda r: toolwire_pipelined(r, "msgpack"),
             toolwire_single,
         ]
-        for r in range(repeats):
-            for variant in rotated(variants, r):
-                ctx.report(f"transport: repeat {r + 1}/{repeats}")
-                variant(r)
+        run_side_by_side(ctx, "transport", variants, repeats)
 
     res.comparisons = [
         Comparison(
