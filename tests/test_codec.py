@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -11,6 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transport import protocol
+from transport.bounds import (
+    MAX_NESTING_DEPTH,
+    MAX_WIRE_INT,
+    MIN_WIRE_INT,
+    BoundsError,
+    check_bounds,
+    may_exceed_bounds,
+)
 from transport.codec import Codec, MessageError, choose_subprotocol
 
 _json_values = st.recursive(
@@ -145,3 +154,85 @@ def test_the_domain_result_and_the_wire_result_have_the_same_fields() -> None:
     from actors.results import Result as DomainResult
 
     assert DomainResult.__struct_fields__ == protocol.Result.__struct_fields__
+
+
+# PROTOCOL.md 9.9: value bounds, checked once at decode.
+
+_any_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()  # unbounded: both sides of each bound
+    | st.sampled_from([MIN_WIRE_INT, MIN_WIRE_INT - 1, MAX_WIRE_INT, MAX_WIRE_INT + 1])
+    | st.text(alphabet='0123456789{}[]ab"\\', max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _depth(value: Any) -> int:
+    """Container levels of a value; a scalar has none."""
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in _ints(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _ints(v)]
+    return [value] if isinstance(value, int) and not isinstance(value, bool) else []
+
+
+def _wrapped(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_any_values, extra_levels=st.integers(0, 70))
+def test_a_value_is_refused_exactly_when_it_is_out_of_bounds(value: Any, extra_levels: int) -> None:
+    """Anywhere in a message (args, unknown fields): refused iff an integer is out of range or
+    containers nest deeper than 64 levels, the message object itself being level 1. The cheap
+    pre-test never lets an out-of-bounds frame through."""
+    value = _wrapped(value, extra_levels)
+    in_bounds = 1 + _depth(value) <= MAX_NESTING_DEPTH and all(
+        MIN_WIRE_INT <= i <= MAX_WIRE_INT for i in _ints(value)
+    )
+    message = {"type": "detach", "chat_id": "c", "call_id": "x", "future": value}
+    frames: list[tuple[str, str | bytes]] = [("json", json.dumps(message))]
+    if all(MIN_WIRE_INT <= i <= MAX_WIRE_INT for i in _ints(value)):
+        frames.append(("msgpack", msgspec.msgpack.encode(message)))
+    for encoding, frame in frames:
+        if not in_bounds:
+            assert may_exceed_bounds(frame)
+            with pytest.raises(MessageError):
+                Codec(encoding).decode(frame)  # type: ignore[arg-type]
+        else:
+            assert Codec(encoding).decode(frame) == protocol.Detach(chat_id="c", call_id="x")  # type: ignore[arg-type]
+
+
+def test_bounds_errors_name_the_field_path() -> None:
+    with pytest.raises(BoundsError) as info:
+        check_bounds({"args": {"xs": [1, 2**64]}})
+    assert info.value.path == "$.args.xs[1]"
+    with pytest.raises(BoundsError) as info:
+        check_bounds({"args": _wrapped(0, MAX_NESTING_DEPTH)})
+    assert "deeper than 64" in str(info.value)
+    check_bounds({"args": _wrapped(0, MAX_NESTING_DEPTH - 1)})  # exactly 64 levels
+
+
+def test_frames_too_deep_for_any_recursive_decoder_are_refused_not_raised() -> None:
+    deep = (
+        '{"type": "detach", "chat_id": "c", "call_id": "x", "z": ' + "[" * 5000 + "]" * 5000 + "}"
+    )
+    with pytest.raises(MessageError, match="deeper than 64"):
+        Codec("json").decode(deep)
+    packed = msgspec.msgpack.encode({"type": "detach", "chat_id": "c", "call_id": "x", "z": "@"})
+    with pytest.raises(MessageError, match="deeper than 64"):
+        Codec("msgpack").decode(packed.replace(b"\xa1@", b"\x91" * 4999 + b"\x90"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -394,3 +395,85 @@ async def test_escaped_json_output_fits_a_client_with_the_common_1_mib_message_l
         assert len(outputs) > 1
         assert "".join(m["data"] for m in outputs) == "\0" * size
         assert all(len(json.dumps(m)) < 1024 * 1024 for m in outputs)
+
+
+def _nested(levels: int) -> Any:
+    """`levels` arrays nested in each other: [[[...]]]."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def _encode_with_deep_field(message: dict[str, Any], levels: int, encoding: str) -> str | bytes:
+    """`message` with its field `z` set to `levels` nested arrays, encoded by hand: deeper than
+    Python's own encoders can recurse."""
+    if encoding == "json":
+        return json.dumps(message | {"z": "@"}).replace('"@"', "[" * levels + "]" * levels)
+    packed = msgspec.msgpack.encode(message | {"z": "@"})
+    return packed.replace(b"\xa1@", b"\x91" * (levels - 1) + b"\x90")
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+async def test_values_out_of_bounds_anywhere_are_refused_and_the_agent_lives_on(
+    live: LiveServer, encoding: str
+) -> None:
+    """PROTOCOL.md 9.9: an integer MessagePack cannot carry, or nesting deeper than 64 levels,
+    anywhere in a message is `bad_message` naming where; nothing is recorded or run, the
+    connection stays open and the agent goes on. (An integer of 2**64 in `timeout_ms` used to be
+    accepted, then killed the agent in the SQLite journal's encoder; an unknown field nested
+    1,000 deep closed the connection with 1011.)"""
+    marker = live.workspace / "marker"
+    touch = {"command": f"echo ran >> {marker}"}
+    enc = (lambda m: msgspec.msgpack.encode(m)) if encoding == "msgpack" else json.dumps
+
+    def call(call_id: str, rid: int, **extra: Any) -> dict[str, Any]:
+        return {"type": "call", "rid": rid, "chat_id": "c", "call_id": call_id,
+                "tool": "execute", "args": touch} | extra  # fmt: skip
+
+    deep_args = touch | {"z": _nested(63)}  # 63 arrays inside args inside the message: 65 levels
+    attach = {"type": "attach", "rid": 2, "chat_id": "c", "call_id": "k2"}
+    cases: list[tuple[str | bytes, int | None, str]] = [
+        (enc(call("k1", 1, args=deep_args)), 1, "$.args.z"),
+        (_encode_with_deep_field(attach, 100, encoding), 2, "$.z"),
+        (_encode_with_deep_field(attach, 1000, encoding), None, "nest deeper than 64"),
+        (
+            enc({"type": "turn", "rid": 3, "chat_id": "c", "turn_id": "t",
+                 "calls": [{"call_id": "k3", "tool": "execute", "args": deep_args}]}),
+            3,
+            "$.calls[0].args.z",
+        ),
+    ]  # fmt: skip
+    if encoding == "json":  # MessagePack cannot even spell these integers
+        cases += [
+            (enc(call("k4", 4, timeout_ms=2**64)), 4, "$.timeout_ms"),
+            (enc(call("k5", 5, args=touch | {"z": 2**70})), 5, "$.args.z"),
+            (enc(call("k6", 6, args=touch | {"z": [-(2**63) - 1]})), 6, "$.args.z[0]"),
+            (
+                enc({"type": "turn", "rid": 7, "chat_id": "c", "turn_id": "t",
+                     "calls": [{"call_id": "k7", "tool": "execute", "args": touch,
+                                "timeout_ms": 18446744073709551616}]}),
+                7,
+                "$.calls[0].timeout_ms",
+            ),
+            (enc(call("k8", 8) | {"unknown": {"deep": 2**64}}), 8, "$.unknown.deep"),
+            (enc(call("k9", 2**64)), None, "$.rid"),  # an rid out of range is not echoed
+        ]  # fmt: skip
+    async with live.connect(encoding=encoding) as conn:
+        for frame, rid, where in cases:
+            await conn.send_raw(frame)
+            reply = await conn.recv()
+            assert reply["type"] == "error" and reply["code"] == "bad_message", reply
+            assert where in reply["message"], reply
+            assert reply.get("rid") == rid, reply
+        # The bounds themselves are in: 64 levels, -2**63 and 2**64 - 1.
+        in_bounds = touch | {"z": _nested(62)}
+        if encoding == "json":
+            in_bounds |= {"lo": -(2**63), "hi": 2**64 - 1}
+        result = await conn.call("c", "fine", "execute", in_bounds)
+        assert result["outcome"] == "completed", result
+        # None of the refused calls was recorded: each id is still free and runs once now.
+        for call_id in ("k1", "k3", "k4", "k5"):
+            result = await conn.call("c", call_id, "execute", touch)
+            assert result["outcome"] == "completed", result
+    assert marker.read_text() == "ran\n" * 5

@@ -12,6 +12,14 @@ from typing import Any, Final, Literal
 import msgspec
 
 from transport import protocol
+from transport.bounds import (
+    MAX_NESTING_DEPTH,
+    MAX_WIRE_INT,
+    MIN_WIRE_INT,
+    BoundsError,
+    check_bounds,
+    may_exceed_bounds,
+)
 
 SUBPROTOCOL_JSON: Final = "toolwire.v1.json"
 SUBPROTOCOL_MSGPACK: Final = "toolwire.v1.msgpack"
@@ -53,6 +61,11 @@ class Codec:
     def __init__(self, encoding: Encoding, side: Literal["agent", "client"] = "agent") -> None:
         self.encoding: Encoding = encoding
         incoming: Any = protocol.ClientMessage if side == "agent" else protocol.AgentMessage
+        # Only the agent checks bounds: what it decodes comes from clients it does not control,
+        # while a client decodes what the agent's own encoder made.
+        self._checks_bounds = side == "agent"
+        self._json_any = msgspec.json.Decoder()
+        self._msgpack_any = msgspec.msgpack.Decoder()
         self._json_envelope = msgspec.json.Decoder(_Envelope)
         self._msgpack_envelope = msgspec.msgpack.Decoder(_Envelope)
         self._json_decoder = msgspec.json.Decoder(incoming)
@@ -75,17 +88,34 @@ class Codec:
         return self._encoder.encode(message)
 
     def decode(self, frame: str | bytes) -> Any:
-        """Decode one WebSocket message into a protocol Struct, or raise MessageError."""
+        """Decode one WebSocket message into a protocol Struct, or raise MessageError. A value
+        out of the bounds of PROTOCOL.md 9.9 anywhere in it (unknown fields included) makes
+        the whole message invalid, before anything acts on it."""
         try:
             if self.encoding == "json":
                 if not isinstance(frame, str):
                     raise MessageError("toolwire.v1.json takes text frames, not binary ones", {})
+                if self._checks_bounds and may_exceed_bounds(frame):
+                    self._check_bounds(self._json_any.decode(frame))
                 return self._json_decoder.decode(frame)
             if not isinstance(frame, bytes):
                 raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
+            if self._checks_bounds and may_exceed_bounds(frame):
+                self._check_bounds(self._msgpack_any.decode(frame))
             return self._msgpack_decoder.decode(frame)
         except msgspec.DecodeError as exc:
             raise MessageError(str(exc), self._envelope(frame)) from None
+        except RecursionError:
+            # msgspec's own decoder gives up near Python's recursion limit, far past ours.
+            raise MessageError(
+                f"objects and arrays nest deeper than {MAX_NESTING_DEPTH} levels", {}
+            ) from None
+
+    def _check_bounds(self, generic: Any) -> None:
+        try:
+            check_bounds(generic)
+        except BoundsError as exc:
+            raise MessageError(str(exc), _envelope_of(generic)) from None
 
     def _envelope(self, frame: str | bytes) -> dict[str, Any]:
         try:
@@ -93,16 +123,27 @@ class Codec:
                 env = self._json_envelope.decode(frame)
             else:
                 env = self._msgpack_envelope.decode(frame)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return {}
-        found: dict[str, Any] = {}
-        if isinstance(env.rid, str | int) and not isinstance(env.rid, bool):
-            found["rid"] = env.rid
-        for name in ("chat_id", "call_id"):
-            value = getattr(env, name)
-            if isinstance(value, str):
-                found[name] = value
-        return found
+        return _envelope_of({"rid": env.rid, "chat_id": env.chat_id, "call_id": env.call_id})
+
+
+def _envelope_of(generic: Any) -> dict[str, Any]:
+    """What of `rid`, `chat_id`, `call_id` a generically decoded message holds, with the right
+    types, for matching an error reply to its request."""
+    if not isinstance(generic, dict):
+        return {}
+    found: dict[str, Any] = {}
+    rid = generic.get("rid")
+    if isinstance(rid, str) or (
+        isinstance(rid, int) and not isinstance(rid, bool) and MIN_WIRE_INT <= rid <= MAX_WIRE_INT
+    ):
+        found["rid"] = rid  # an out-of-range rid is not echoed: no encoder could send it
+    for name in ("chat_id", "call_id"):
+        value = generic.get(name)
+        if isinstance(value, str):
+            found[name] = value
+    return found
 
 
 def json_schema() -> dict[str, Any]:
