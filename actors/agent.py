@@ -17,12 +17,12 @@ from typing import Any
 
 import trio
 
-from actors import processes
-from actors.chat import CallSpec, ChatActor
-from actors.journal import Journal, MemoryJournal, wall_ms_to_monotonic
-from actors.outbox import Outbox
-from actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ResultCache
-from actors.tools.registry import TOOL_NAMES
+from toolwire.actors import processes
+from toolwire.actors.chat import CallSpec, ChatActor
+from toolwire.actors.journal import Journal, MemoryJournal, wall_ms_to_monotonic
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ResultCache
+from toolwire.actors.tools.registry import TOOL_NAMES
 
 
 @dataclass(frozen=True)

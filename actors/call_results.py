@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors.output import OutputBuffer
-from actors.records import ToolCallRecord
-from actors.results import (
+from toolwire.actors.output import OutputBuffer
+from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.results import (
     TEXT_CANCELED_WHILE_RUNNING,
     Outcome,
     Result,
@@ -20,7 +20,7 @@ from actors.results import (
 )
 
 if TYPE_CHECKING:
-    from actors.processes import ExitStatus
+    from toolwire.actors.processes import ExitStatus
 
 
 def make_result(

@@ -9,12 +9,12 @@ from typing import Any
 import msgspec
 import trio
 
-from actors import processes
-from actors.events import StartedEvent
-from actors.outbox import Outbox, Subscription
-from actors.records import ToolCallRecord
-from actors.results import ToolwireError
-from actors.tools.registry import TOOLS
+from toolwire.actors import processes
+from toolwire.actors.events import StartedEvent
+from toolwire.actors.outbox import Outbox, Subscription
+from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.results import ToolwireError
+from toolwire.actors.tools.registry import TOOLS
 
 
 def shared_tool_name(name: str) -> str:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors import execute_calls, gates, processes
-from actors.calls import CallRuntime, CallSpec
-from actors.events import CancelResultEvent, InterruptedEvent
-from actors.outbox import Outbox
-from actors.records import CancelAction, ToolCallRecord
-from actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
-from actors.turns import TurnRun
+from toolwire.actors import execute_calls, gates, processes
+from toolwire.actors.calls import CallRuntime, CallSpec
+from toolwire.actors.events import CancelResultEvent, InterruptedEvent
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.records import CancelAction, ToolCallRecord
+from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
+from toolwire.actors.turns import TurnRun
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 
 def cancel_one(chat: ChatActor, call_id: str) -> tuple[bool, ToolCallRecord]:

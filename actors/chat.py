@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from actors import (
+from toolwire.actors import (
     call_results,
     cancellation,
     chat_journal,
@@ -32,8 +32,8 @@ from actors import (
     processes,
     tool_runs,
 )
-from actors.calls import CallRuntime, CallSpec, conflict_error, shared_tool_name
-from actors.events import (
+from toolwire.actors.calls import CallRuntime, CallSpec, conflict_error, shared_tool_name
+from toolwire.actors.events import (
     AcceptedEvent,
     ApprovalResolvedEvent,
     Event,
@@ -41,18 +41,18 @@ from actors.events import (
     TurnPlanEvent,
     TurnResultEvent,
 )
-from actors.journal import JournalRow
-from actors.outbox import Outbox, Subscription
-from actors.records import (
+from toolwire.actors.journal import JournalRow
+from toolwire.actors.outbox import Outbox, Subscription
+from toolwire.actors.records import (
     Admission,
     RecordState,
     RecordTable,
     ToolCallRecord,
     args_fingerprint,
 )
-from actors.result_cache import ResultCache
-from actors.result_lane import ResultLane, saved_result
-from actors.results import (
+from toolwire.actors.result_cache import ResultCache
+from toolwire.actors.result_lane import ResultLane, saved_result
+from toolwire.actors.results import (
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_DENIED,
     Outcome,
@@ -60,11 +60,11 @@ from actors.results import (
     ToolReport,
     ToolwireError,
 )
-from actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
-from actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
+from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
+from toolwire.actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
 
 if TYPE_CHECKING:
-    from actors.agent import AgentContext
+    from toolwire.actors.agent import AgentContext
 
 log = logging.getLogger("toolwire.chat")
 

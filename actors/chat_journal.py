@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actors import gates
-from actors.calls import CallRuntime, CallSpec, shared_tool_name
-from actors.journal import JournalRow
-from actors.records import RecordState, ToolCallRecord
-from actors.results import TEXT_AGENT_RESTARTED, Outcome, ToolwireError
-from actors.tools.registry import lookup, parse_args
+from toolwire.actors import gates
+from toolwire.actors.calls import CallRuntime, CallSpec, shared_tool_name
+from toolwire.actors.journal import JournalRow
+from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.results import TEXT_AGENT_RESTARTED, Outcome, ToolwireError
+from toolwire.actors.tools.registry import lookup, parse_args
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 
 def journal_row(

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from actors.results import Result
+from toolwire.actors.results import Result
 
 Rid = str | int | None
 

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actors import call_results, processes
-from actors.calls import CallRuntime
-from actors.events import StartedEvent
-from actors.records import ToolCallRecord
-from actors.results import Outcome, Result
-from actors.tools import execute as execute_tool
+from toolwire.actors import call_results, processes
+from toolwire.actors.calls import CallRuntime
+from toolwire.actors.events import StartedEvent
+from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.results import Outcome, Result
+from toolwire.actors.tools import execute as execute_tool
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 log = logging.getLogger("toolwire.chat")
 

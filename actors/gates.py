@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actors.events import ApprovalEvent, ApprovalResolvedEvent
-from actors.outbox import Subscription
-from actors.records import RecordState, ToolCallRecord
-from actors.results import TEXT_APPROVAL_EXPIRED, Outcome
+from toolwire.actors.events import ApprovalEvent, ApprovalResolvedEvent
+from toolwire.actors.outbox import Subscription
+from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.results import TEXT_APPROVAL_EXPIRED, Outcome
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 
 def announce(chat: ChatActor, record: ToolCallRecord, only: Subscription | None = None) -> None:

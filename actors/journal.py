@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 import trio
 
-from actors.results import Result
+from toolwire.actors.results import Result
 
 SCHEMA_VERSION = 1
 

@@ -19,14 +19,14 @@ from collections.abc import Callable
 
 import trio
 
-from actors.events import (
+from toolwire.actors.events import (
     ApprovalEvent,
     ApprovalResolvedEvent,
     Event,
     OutputEvent,
     StartedEvent,
 )
-from actors.output import OutputBuffer
+from toolwire.actors.output import OutputBuffer
 
 # One `output` message carries at most one large pipe read's worth of text (256 KiB, see
 # processes.BULK_PIPE_BYTES): a fast producer costs few messages, and each message costs both ends

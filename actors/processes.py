@@ -27,8 +27,8 @@ from typing import Protocol
 
 import trio
 
-from actors.output import OutputBuffer
-from actors.spawn import PosixSpawner
+from toolwire.actors.output import OutputBuffer
+from toolwire.actors.spawn import PosixSpawner
 
 # One pipe read. 64 KiB is Linux's default pipe capacity, so one read drains a full pipe, and it
 # becomes one `output` message (never one message per line).

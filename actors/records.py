@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from actors.results import Outcome, Result
+from toolwire.actors.results import Outcome, Result
 
 _fingerprint_encoder = msgspec.json.Encoder(order="sorted")
 

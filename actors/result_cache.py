@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from actors.results import Result
+from toolwire.actors.results import Result
 
 # A result's bookkeeping beyond its strings (the Struct, its ints, the cache slot): an estimate,
 # so the byte bound means what it says for small results too.

@@ -13,13 +13,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from actors.journal import JournalError
-from actors.records import ToolCallRecord
-from actors.result_cache import ResultCache
-from actors.results import Result
+from toolwire.actors.journal import JournalError
+from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.result_cache import ResultCache
+from toolwire.actors.results import Result
 
 if TYPE_CHECKING:
-    from actors.agent import AgentContext
+    from toolwire.actors.agent import AgentContext
 
 # Sends the results a request is owed, in the order of its records, once they are at hand.
 Send = Callable[[list[Result]], None]

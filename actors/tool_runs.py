@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actors import execute_calls
-from actors.calls import CallRuntime
-from actors.records import RecordState, ToolCallRecord
-from actors.results import (
+from toolwire.actors import execute_calls
+from toolwire.actors.calls import CallRuntime
+from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
     Outcome,
     ToolReport,
 )
-from actors.tools import files as file_tools
-from actors.tools import process_tools
-from actors.tools.registry import ToolDef, ToolKind
+from toolwire.actors.tools import files as file_tools
+from toolwire.actors.tools import process_tools
+from toolwire.actors.tools.registry import ToolDef, ToolKind
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 log = logging.getLogger("toolwire.chat")
 

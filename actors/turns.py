@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from actors.calls import CallSpec, conflict_error
-from actors.events import TurnResultEvent
-from actors.outbox import Outbox
-from actors.records import RecordState, RecordTable, ToolCallRecord, args_fingerprint
-from actors.results import Result, ToolwireError
+from toolwire.actors.calls import CallSpec, conflict_error
+from toolwire.actors.events import TurnResultEvent
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.records import RecordState, RecordTable, ToolCallRecord, args_fingerprint
+from toolwire.actors.results import Result, ToolwireError
 
 if TYPE_CHECKING:
-    from actors.chat import ChatActor
+    from toolwire.actors.chat import ChatActor
 
 
 @dataclass(eq=False)

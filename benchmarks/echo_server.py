@@ -1,4 +1,5 @@
-"""The transport's limit: a raw trio-websocket echo server (`python -m benchmarks.echo_server`).
+"""The transport's limit: a raw trio-websocket echo server
+(`python -m toolwire.benchmarks.echo_server`).
 
 Every message comes back as it came. It reads with the same receive buffer as toolwire's
 server, and keeps the 64-message queue toolwire's server had before its reader started handing
@@ -14,7 +15,7 @@ import sys
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from transport.server import RECEIVE_BUFFER_BYTES
+from toolwire.transport.server import RECEIVE_BUFFER_BYTES
 
 # trio-websocket's queue between its reader and `get_message`: > 1, so a reader waiting for the
 # echo to be taken still answers pings.

@@ -16,8 +16,8 @@ agent API requires):
 - `POST /cancel` `{chat_id, call_ids}`: cancel, and reply once every call has its result
   (`{results: [{call_id, received, result}]}`), as the anchor's cancel does.
 
-`python -m benchmarks.http_baseline --workspace DIR --token T` serves it on 127.0.0.1 port 0
-and prints `PORT <n>`. `HttpClient` is the matching hand-written keep-alive client.
+`python -m toolwire.benchmarks.http_baseline --workspace DIR --token T` serves it on 127.0.0.1
+port 0 and prints `PORT <n>`. `HttpClient` is the matching hand-written keep-alive client.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import h11
 import msgspec
 import trio
 
-from actors.agent import Agent, AgentContext
-from actors.chat import CallSpec
-from actors.events import CancelResultEvent, OutputEvent, ResultEvent, StartedEvent
-from actors.outbox import Outbox
-from actors.results import Result, ToolwireError
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import CancelResultEvent, OutputEvent, ResultEvent, StartedEvent
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import Result, ToolwireError
 
 # Bytes per socket read, as toolwire's server reads.
 RECEIVE_BYTES = 64 * 1024

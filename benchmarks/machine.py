@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks.procs import REPO_ROOT
+from toolwire.benchmarks.procs import REPO_ROOT
 
 PACKAGES = ("trio", "trio-websocket", "wsproto", "h11", "msgspec", "rich", "matplotlib")
 

@@ -1,7 +1,7 @@
 """Benchmark servers in their own processes, and what /proc says about a process.
 
 The transport measurements put client and server in separate processes (as the issue's
-reference figures were measured): `ServerProcess` runs `python -m benchmarks.<module>` on
+reference figures were measured): `ServerProcess` runs `python -m toolwire.benchmarks.<module>` on
 127.0.0.1 with port 0 and reads the bound port from the `PORT <n>` line it prints.
 """
 

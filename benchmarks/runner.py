@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from benchmarks import report
-from benchmarks.core import BenchContext, ScenarioResult
-from benchmarks.machine import load_average, machine_info
-from benchmarks.scenarios import journal, process, reqresp, scale, streaming, transport
+from toolwire.benchmarks import report
+from toolwire.benchmarks.core import BenchContext, ScenarioResult
+from toolwire.benchmarks.machine import load_average, machine_info
+from toolwire.benchmarks.scenarios import journal, process, reqresp, scale, streaming, transport
 
 DEFAULT_OUT = Path("bench-results")
 
@@ -140,7 +140,7 @@ def run_bench(
 
 
 def write_outputs(doc: dict[str, Any], out_dir: Path, stem: str) -> dict[str, Path]:
-    from benchmarks import plots
+    from toolwire.benchmarks import plots
 
     files: dict[str, Path] = {}
     written: dict[str, str] = {}

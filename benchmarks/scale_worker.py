@@ -1,5 +1,5 @@
 """Memory of idle chats with finished records, measured in a fresh process of its own
-(`python -m benchmarks.scale_worker --chats N --records M --workspace DIR --journal KIND
+(`python -m toolwire.benchmarks.scale_worker --chats N --records M --workspace DIR --journal KIND
 [--state-dir DIR]`; prints one JSON line).
 
 The agent is driven in-process, without a server: one `Outbox` stands for one connection that
@@ -30,13 +30,13 @@ from pathlib import Path
 import msgspec
 import trio
 
-from actors.agent import Agent, AgentContext
-from actors.chat import CallSpec
-from actors.events import ResultEvent
-from actors.journal import open_journal
-from actors.outbox import Outbox
-from benchmarks.procs import rss_bytes
-from benchmarks.scenarios.common import TRIVIAL_ARGS
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import ResultEvent
+from toolwire.actors.journal import open_journal
+from toolwire.actors.outbox import Outbox
+from toolwire.benchmarks.procs import rss_bytes
+from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS
 
 # Calls in flight at once before the driver waits for results: one connection's pipelining
 # window (as in the transport scenario), so that group commit shares each fsync among 64 calls

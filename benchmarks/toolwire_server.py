@@ -1,8 +1,9 @@
-"""A toolwire agent and WebSocket server for the benchmarks (`python -m benchmarks.toolwire_server
---workspace DIR --token TOKEN [--journal memory|sqlite --state-dir DIR]`): the same `Agent` and
-`Server` as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM
-shuts it down like `serve`. The journal defaults to `memory` (`serve` defaults to `sqlite`): the
-journal's own cost is the subject of its own scenario, and every other scenario leaves it out.
+"""A toolwire agent and WebSocket server for the benchmarks
+(`python -m toolwire.benchmarks.toolwire_server --workspace DIR --token TOKEN
+[--journal memory|sqlite --state-dir DIR]`): the same `Agent` and `Server` as `toolwire serve`,
+on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM shuts it down like `serve`.
+The journal defaults to `memory` (`serve` defaults to `sqlite`): the journal's own cost is the
+subject of its own scenario, and every other scenario leaves it out.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import trio
 
-from actors.agent import Agent, AgentContext
-from actors.journal import open_journal
-from transport.server import Server, ServerConfig
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.journal import open_journal
+from toolwire.transport.server import Server, ServerConfig
 
 
 async def main(workspace: str, token: str, journal: str = "memory", state_dir: str = "") -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from transport import protocol
-from transport.client import ConnectError, RequestError, connect
+from toolwire.transport import protocol
+from toolwire.transport.client import ConnectError, RequestError, connect
 
 
 def read_token(explicit: str | None, state_dir: Path) -> str | None:

@@ -104,8 +104,8 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
-        from cli.logs import setup_logging
-        from cli.serve import ServeOptions, serve
+        from toolwire.cli.logs import setup_logging
+        from toolwire.cli.serve import ServeOptions, serve
 
         setup_logging(args.log_format)
         approve = frozenset(t.strip() for t in args.approve.split(",") if t.strip())
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             approval_timeout_s=args.approval_timeout_s,
             journal=args.journal,
         )
-        from actors.journal import JournalError
+        from toolwire.actors.journal import JournalError
 
         try:
             trio.run(serve, options)
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.command == "call":
-        from cli.call import parse_args_json, read_token, run_call
-        from cli.serve import default_state_dir
+        from toolwire.cli.call import parse_args_json, read_token, run_call
+        from toolwire.cli.serve import default_state_dir
 
         token = read_token(args.token, args.state_dir or default_state_dir())
         return trio.run(
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "schema":
         text = schema_text()
         if args.doc is not None:
-            from transport.reference import update
+            from toolwire.transport.reference import update
 
             update(args.doc)
         if args.out is not None:
@@ -178,12 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(text)
         return 0
     if args.command == "bench":
-        from benchmarks.runner import main as bench_main
+        from toolwire.benchmarks.runner import main as bench_main
 
         only = [name.strip() for name in args.only.split(",") if name.strip()]
         return bench_main(quick=args.quick, out=args.out, only=only)
     if args.command == "sim":
-        from simulation.cli import run_from_args
+        from toolwire.simulation.cli import run_from_args
 
         return run_from_args(args)
     raise AssertionError(args.command)
@@ -197,13 +197,13 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 def schema_text() -> str:
-    from transport.codec import json_schema
+    from toolwire.transport.codec import json_schema
 
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def _tool_names() -> list[str]:
-    from actors.tools.registry import TOOL_NAMES
+    from toolwire.actors.tools.registry import TOOL_NAMES
 
     return TOOL_NAMES
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import trio
 
-from actors.agent import Agent, AgentContext
-from actors.journal import open_journal
-from transport.server import Server, ServerConfig
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.journal import open_journal
+from toolwire.transport.server import Server, ServerConfig
 
 log = logging.getLogger("toolwire.serve")
 

@@ -35,12 +35,17 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from actors import events, planner
-from actors.output import DEFAULT_RESULT_BYTES, RESULT_HEAD_BYTES, OutputBuffer
-from actors.results import TEXT_AGENT_FAILURE, TEXT_AGENT_RESTARTED, TEXT_APPROVAL_EXPIRED, Result
-from simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, SimProcess
-from simulation.scenario import CallPlan
-from simulation.trace import (
+from toolwire.actors import events, planner
+from toolwire.actors.output import DEFAULT_RESULT_BYTES, RESULT_HEAD_BYTES, OutputBuffer
+from toolwire.actors.results import (
+    TEXT_AGENT_FAILURE,
+    TEXT_AGENT_RESTARTED,
+    TEXT_APPROVAL_EXPIRED,
+    Result,
+)
+from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, SimProcess
+from toolwire.simulation.scenario import CallPlan
+from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
     CRASH,
@@ -58,7 +63,7 @@ from simulation.trace import (
     chat_label,
     short,
 )
-from simulation.world import EPOCH_MS
+from toolwire.simulation.world import EPOCH_MS
 
 EFFECTFUL = frozenset({"execute", "write_file", "edit_files"})
 

@@ -25,9 +25,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from simulation.planted import PLANTED
-from simulation.runner import SeedResult, chunks, run_seeds, run_world
-from simulation.scenario import SCENARIOS
+from toolwire.simulation.planted import PLANTED
+from toolwire.simulation.runner import SeedResult, chunks, run_seeds, run_world
+from toolwire.simulation.scenario import SCENARIOS
 
 SCENARIO_CHOICES = ("mix", *SCENARIOS)
 _CODE = re.compile(r"\[([a-z]\.[a-z_]+)\]")

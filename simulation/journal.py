@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import msgspec
 import trio
 
-from actors.journal import Journal, JournalRow
-from actors.results import Result
+from toolwire.actors.journal import Journal, JournalRow
+from toolwire.actors.results import Result
 
 
 class SimJournal(Journal):

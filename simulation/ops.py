@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from simulation.runner import SeedResult, run_world
-from simulation.scenario import SCENARIOS, Plan, make_plan
+from toolwire.simulation.runner import SeedResult, run_world
+from toolwire.simulation.scenario import SCENARIOS, Plan, make_plan
 
 FAULT_KINDS = ("drop", "stall", "crash")
 MOVE_KINDS = ("interrupt", "cancel", "takeover")

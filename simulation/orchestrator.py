@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from actors import events
-from actors.results import Result
-from simulation.scenario import CallPlan, ChatPlan, MessagePlan
-from simulation.trace import (
+from toolwire.actors import events
+from toolwire.actors.results import Result
+from toolwire.simulation.scenario import CallPlan, ChatPlan, MessagePlan
+from toolwire.simulation.trace import (
     NOTE,
     ApproveReq,
     AttachReq,
@@ -30,7 +30,7 @@ from simulation.trace import (
     Request,
     TurnReq,
 )
-from simulation.world import Conn, Inbox, Reroute, World
+from toolwire.simulation.world import Conn, Inbox, Reroute, World
 
 # Requests a flaky network may deliver twice (a client that retransmits a frame).
 _DUPLICABLE = (CallReq, AttachReq, CancelReq, ApproveReq, TurnReq)

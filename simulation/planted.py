@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.chat import CallSpec, ChatActor, TurnRun
-from actors.outbox import Outbox
-from actors.records import RecordState, ToolCallRecord
-from actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
+from toolwire.actors.chat import CallSpec, ChatActor, TurnRun
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
 
 
 class RepeatRunsAgain(ChatActor):

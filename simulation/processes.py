@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import trio
 
-from actors.processes import READ_CHUNK_BYTES, ExitStatus
+from toolwire.actors.processes import READ_CHUNK_BYTES, ExitStatus
 
 # What a failing spawn raises: OSError is "the command could not start" (outcome failed), any
 # other exception is a failure inside the agent (outcome unknown).

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 
-from actors.chat import ChatActor
-from simulation.checker import check
-from simulation.orchestrator import ChatDriver
-from simulation.planted import PLANTED
-from simulation.scenario import Plan, make_plan, scenario_for
-from simulation.trace import EFFECT, EV, REQ, Trace, render_lines
-from simulation.world import (
+from toolwire.actors.chat import ChatActor
+from toolwire.simulation.checker import check
+from toolwire.simulation.orchestrator import ChatDriver
+from toolwire.simulation.planted import PLANTED
+from toolwire.simulation.scenario import Plan, make_plan, scenario_for
+from toolwire.simulation.trace import EFFECT, EV, REQ, Trace, render_lines
+from toolwire.simulation.world import (
     World,
     instrumented,
     make_workspace,

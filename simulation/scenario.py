@@ -13,9 +13,9 @@ import random
 import uuid
 from dataclasses import dataclass, field, replace
 
-from actors.chat import CallSpec
-from simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Script
-from transport.ids import tool_call_ids
+from toolwire.actors.chat import CallSpec
+from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Script
+from toolwire.transport.ids import tool_call_ids
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from actors import events
-from actors.chat import CallSpec
+from toolwire.actors import events
+from toolwire.actors.chat import CallSpec
 
 # ---------------------------------------------------------------------------------------------
 # Requests, as the simulated orchestrators send them (the decode-free twin of the wire messages)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors import events
-from actors.chat import CallSpec
-from actors.outbox import Outbox
-from actors.results import Outcome, Result
-from simulation.trace import (
+from toolwire.actors import events
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import Outcome, Result
+from toolwire.simulation.trace import (
     ApproveReq,
     AttachReq,
     CallReq,
@@ -29,12 +29,12 @@ from simulation.trace import (
     Request,
     TurnReq,
 )
-from transport import protocol
-from transport.codec import SUBPROTOCOLS
+from toolwire.transport import protocol
+from toolwire.transport.codec import SUBPROTOCOLS
 
 if TYPE_CHECKING:
-    from actors.agent import Agent
-    from simulation.world import World
+    from toolwire.actors.agent import Agent
+    from toolwire.simulation.world import World
 
 SUBPROTOCOL_NAMES = tuple(SUBPROTOCOLS)
 

@@ -29,16 +29,16 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
-from actors import events
-from actors.agent import Agent, AgentContext
-from actors.chat import ChatActor
-from actors.outbox import Outbox
-from actors.results import Outcome, ToolReport, ToolwireError
-from actors.tools import files as file_tools
-from simulation.journal import SimJournal
-from simulation.processes import Script, SimBackend, SimProcess
-from simulation.scenario import CallPlan, Plan
-from simulation.trace import (
+from toolwire.actors import events
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.chat import ChatActor
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import Outcome, ToolReport, ToolwireError
+from toolwire.actors.tools import files as file_tools
+from toolwire.simulation.journal import SimJournal
+from toolwire.simulation.processes import Script, SimBackend, SimProcess
+from toolwire.simulation.scenario import CallPlan, Plan
+from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
     CRASH,
@@ -58,9 +58,9 @@ from simulation.trace import (
     Trace,
     TurnReq,
 )
-from simulation.wire import SUBPROTOCOL_NAMES, RecordingAgent, from_message, to_message
-from transport.codec import SUBPROTOCOLS, Codec, Encoding
-from transport.server import Server, ServerConfig
+from toolwire.simulation.wire import SUBPROTOCOL_NAMES, RecordingAgent, from_message, to_message
+from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding
+from toolwire.transport.server import Server, ServerConfig
 
 # Wall clock of the simulated host at virtual time 0 (2026-01-01T00:00:00Z): timestamps in
 # results are then plausible unix milliseconds, and a pure function of the trio clock.

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import trio
 
-from actors.agent import Agent, AgentContext, Limits
-from actors.journal import SqliteJournal
 from tests import wsclient
-from transport.server import Server, ServerConfig
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.journal import SqliteJournal
+from toolwire.transport.server import Server, ServerConfig
 
 TOKEN = "test-token-0123456789"
 

@@ -27,19 +27,19 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.agent import Agent, AgentContext, Limits
-from actors.chat import CallSpec
-from actors.events import (
+from tests.conftest import TOKEN, LiveServer, MakeServer, start_server
+from tests.wsclient import Message, RawConn, of, wait_for
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import (
     AcceptedEvent,
     ApprovalEvent,
     ApprovalResolvedEvent,
     Event,
     ResultEvent,
 )
-from actors.outbox import Outbox
-from actors.results import TEXT_APPROVAL_EXPIRED, TEXT_CANCELED_BEFORE_RUN, TEXT_DENIED
-from tests.conftest import TOKEN, LiveServer, MakeServer, start_server
-from tests.wsclient import Message, RawConn, of, wait_for
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import TEXT_APPROVAL_EXPIRED, TEXT_CANCELED_BEFORE_RUN, TEXT_DENIED
 
 DENIED_TEXT = "tool call was denied; no changes were made"
 NOT_RUN_TEXT = "tool call was canceled before it ran; no changes were made"
@@ -912,7 +912,7 @@ async def test_a_gate_in_a_turn_holds_only_its_own_call(live: LiveServer) -> Non
 
 
 async def test_the_client_streams_approvals_and_answers_them(live: LiveServer) -> None:
-    from transport.client import RequestError, connect
+    from toolwire.transport.client import RequestError, connect
 
     with trio.fail_after(DEADLINE_S):
         async with connect(live.url, TOKEN) as caller, connect(live.url, TOKEN) as judge:
@@ -947,21 +947,20 @@ async def test_the_client_streams_approvals_and_answers_them(live: LiveServer) -
 
 def _capture_serve(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Make `toolwire serve` record its options instead of serving."""
-    import cli.logs
-    import cli.serve
+    from toolwire.cli import logs, serve
 
     captured: list[Any] = []
 
     async def fake_serve(options: Any) -> None:
         captured.append(options)
 
-    monkeypatch.setattr(cli.serve, "serve", fake_serve)
-    monkeypatch.setattr(cli.logs, "setup_logging", lambda _format: None)
+    monkeypatch.setattr(serve, "serve", fake_serve)
+    monkeypatch.setattr(logs, "setup_logging", lambda _format: None)
     return captured
 
 
 def test_serve_reads_the_policy_from_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli.main import main
+    from toolwire.cli.main import main
 
     captured = _capture_serve(monkeypatch)
     argv = ["serve", "--approve", "execute, write_file,", "--approval-timeout-s", "2.5"]
@@ -976,7 +975,7 @@ def test_serve_reads_the_policy_from_the_command_line(monkeypatch: pytest.Monkey
 def test_serve_rejects_unknown_tools_in_the_policy(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cli.main import main
+    from toolwire.cli.main import main
 
     captured = _capture_serve(monkeypatch)
     assert main(["serve", "--approve", "execute,rm_rf"]) == 2
@@ -985,7 +984,7 @@ def test_serve_rejects_unknown_tools_in_the_policy(
 
 
 def test_serve_rejects_a_negative_approval_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cli.main import main
+    from toolwire.cli.main import main
 
     captured = _capture_serve(monkeypatch)
     assert main(["serve", "--approval-timeout-s", "-1"]) == 2

@@ -7,10 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.core import Comparison, Goal, Measurement, percentile
-from benchmarks.runner import SCENARIOS
-from benchmarks.scenarios.scale import max_overlap
-from cli.main import main
+from toolwire.benchmarks.core import Comparison, Goal, Measurement, percentile
+from toolwire.benchmarks.runner import SCENARIOS
+from toolwire.benchmarks.scenarios.scale import max_overlap
+from toolwire.cli.main import main
 
 
 def _number(value: object) -> bool:

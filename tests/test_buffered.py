@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from transport.buffered import WriteBufferedStream
+from toolwire.transport.buffered import WriteBufferedStream
 
 TEST_DEADLINE_S = 10.0
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.call_results import execute_result, plain_result
-from actors.output import OutputBuffer
-from actors.processes import ExitStatus
-from actors.records import RecordState, ToolCallRecord
-from actors.results import TEXT_CANCELED_BEFORE_RUN, TEXT_CANCELED_WHILE_RUNNING, Outcome
+from toolwire.actors.call_results import execute_result, plain_result
+from toolwire.actors.output import OutputBuffer
+from toolwire.actors.processes import ExitStatus
+from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, TEXT_CANCELED_WHILE_RUNNING, Outcome
 
 
 def record(started_at_ms: int | None, cancel_requested: bool = False) -> ToolCallRecord:

@@ -18,12 +18,12 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.agent import Limits
-from actors.output import OutputBuffer
 from tests import wsclient
 from tests.conftest import TOKEN, LiveServer, start_server
-from transport import protocol
-from transport.client import (
+from toolwire.actors.agent import Limits
+from toolwire.actors.output import OutputBuffer
+from toolwire.transport import protocol
+from toolwire.transport.client import (
     Client,
     ConnectError,
     ConnectionLost,
@@ -32,7 +32,7 @@ from transport.client import (
     RequestError,
     connect,
 )
-from transport.ids import tool_call_id
+from toolwire.transport.ids import tool_call_id
 
 CHAT = "11111111-1111-1111-1111-111111111111"
 TEXT_CANCELED = "tool call was canceled while running"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transport import protocol
-from transport.bounds import (
+from toolwire.transport import protocol
+from toolwire.transport.bounds import (
     MAX_NESTING_DEPTH,
     MAX_WIRE_INT,
     MIN_WIRE_INT,
@@ -20,7 +20,7 @@ from transport.bounds import (
     check_bounds,
     may_exceed_bounds,
 )
-from transport.codec import Codec, MessageError, choose_subprotocol
+from toolwire.transport.codec import Codec, MessageError, choose_subprotocol
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
@@ -151,7 +151,7 @@ def test_result_nulls_are_sent_not_omitted() -> None:
 
 def test_the_domain_result_and_the_wire_result_have_the_same_fields() -> None:
     # transport/server.py copies one into the other by field name.
-    from actors.results import Result as DomainResult
+    from toolwire.actors.results import Result as DomainResult
 
     assert DomainResult.__struct_fields__ == protocol.Result.__struct_fields__
 

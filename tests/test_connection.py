@@ -11,7 +11,7 @@ import trio.testing
 from wsproto.events import TextMessage
 
 from tests.wsclient import FrameConn
-from transport.connection import DirectConnection, open_server_connection
+from toolwire.transport.connection import DirectConnection, open_server_connection
 
 
 class Sink:

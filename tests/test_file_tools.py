@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.results import Outcome, ToolReport
-from actors.tools import files
-from actors.tools.files import (
+from toolwire.actors.results import Outcome, ToolReport
+from toolwire.actors.tools import files
+from toolwire.actors.tools.files import (
     READ_MAX_BYTES,
     READ_MAX_LINES,
     SEARCH_MAX_LINE_CHARS,

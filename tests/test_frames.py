@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
-from transport import frames
+from toolwire.transport import frames
 
 # Around each boundary of the length encoding: 7 bits, 16 bits, 64 bits.
 _lengths = st.sampled_from([0, 1, 125, 126, 127, 65535, 65536, 70000]) | st.integers(0, 300)

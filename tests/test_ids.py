@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transport.ids import TOOL_CALL_NAMESPACE, tool_call_id, tool_call_ids
+from toolwire.transport.ids import TOOL_CALL_NAMESPACE, tool_call_id, tool_call_ids
 
 CHAT = "11111111-1111-1111-1111-111111111111"
 VECTOR = "ca92e3e7-ee42-5889-b1df-75869f9117ee"

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import trio
 
-from actors.outbox import Outbox
 from tests.conftest import LiveServer
 from tests.oswatch import alive, proc_state
 from tests.test_turns import (
@@ -42,6 +41,7 @@ from tests.test_turns import (
     write,
 )
 from tests.wsclient import Message, RawConn
+from toolwire.actors.outbox import Outbox
 
 
 def interrupt_msg(turn_id: str | None = None, chat_id: str = CHAT, **extra: Any) -> Message:

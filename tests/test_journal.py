@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import trio
 
-from actors.agent import Agent, AgentContext, Limits
-from actors.chat import CallSpec
-from actors.events import ResultEvent
-from actors.journal import JournalError, JournalRow, MemoryJournal, SqliteJournal
-from actors.outbox import Outbox
-from actors.results import TEXT_AGENT_RESTARTED, TEXT_CANCELED_BEFORE_RUN
 from tests.test_serve import ROOT, serve
 from tests.wsclient import connect, is_result
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import ResultEvent
+from toolwire.actors.journal import JournalError, JournalRow, MemoryJournal, SqliteJournal
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import TEXT_AGENT_RESTARTED, TEXT_CANCELED_BEFORE_RUN
 
 # ---------------------------------------------------------------------------------------------
 # The store itself
@@ -214,8 +214,8 @@ def test_a_corrupt_journal_stops_serve_with_the_file_named(tmp_path: Path) -> No
     state.mkdir()
     (state / "journal.sqlite3").write_bytes(b"\x00garbage" * 512)
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve", "--port", "0", "--state-dir", str(state),
-         "--workspace", str(tmp_path)],
+        [sys.executable, "-m", "toolwire.cli.main", "serve", "--port", "0",
+         "--state-dir", str(state), "--workspace", str(tmp_path)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=30,
     )  # fmt: skip

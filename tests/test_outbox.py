@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from actors.events import OutputEvent, ResultEvent
-from actors.outbox import OUTPUT_CHUNK_BYTES, TAKE_OUTPUT_BYTES, Outbox, Subscription
-from actors.output import OutputBuffer
-from actors.results import Outcome, Result
+from toolwire.actors.events import OutputEvent, ResultEvent
+from toolwire.actors.outbox import OUTPUT_CHUNK_BYTES, TAKE_OUTPUT_BYTES, Outbox, Subscription
+from toolwire.actors.output import OutputBuffer
+from toolwire.actors.results import Outcome, Result
 
 MIB = 1024 * 1024
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.output import (
+from toolwire.actors.output import (
     DEFAULT_RESULT_BYTES,
     DEFAULT_RETENTION_BYTES,
     OMITTED_MARKER,

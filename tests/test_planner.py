@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.planner import (
+from toolwire.actors.planner import (
     MAX_PARALLEL_CALLS,
     READER_TOOLS,
     WRITER_TOOLS,

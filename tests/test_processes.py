@@ -11,10 +11,10 @@ from typing import Any
 
 import trio
 
-from actors.agent import Limits
-from actors.processes import ExitStatus, ProcessTable
 from tests.conftest import LiveServer, MakeServer
 from tests.wsclient import Message, RawConn
+from toolwire.actors.agent import Limits
+from toolwire.actors.processes import ExitStatus, ProcessTable
 
 TEST_DEADLINE_S = 10.0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import msgspec
 
-from cli.main import main, schema_text
-from transport import protocol, reference
+from toolwire.cli.main import main, schema_text
+from toolwire.transport import protocol, reference
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

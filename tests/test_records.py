@@ -16,7 +16,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from actors.records import (
+from toolwire.actors.records import (
     Admission,
     CancelAction,
     RecordState,
@@ -25,7 +25,7 @@ from actors.records import (
     TransitionError,
     args_fingerprint,
 )
-from actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome, Result
+from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome, Result
 
 FORGET_AFTER = 100.0
 CALL_IDS = st.sampled_from(["a", "b", "c", "d", "e"])

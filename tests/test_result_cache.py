@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from actors.result_cache import (
+from toolwire.actors.result_cache import (
     RESULT_OVERHEAD_BYTES,
     VALUE_OVERHEAD_BYTES,
     ResultCache,
     result_size,
 )
-from actors.results import Outcome, Result
+from toolwire.actors.results import Outcome, Result
 
 KEYS = st.tuples(st.sampled_from(["", "chat"]), st.sampled_from(["a", "b", "c", "d", "e", "f"]))
 

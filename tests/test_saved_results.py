@@ -21,24 +21,24 @@ import pytest
 import trio
 import trio.testing
 
-from actors.agent import Agent, AgentContext, Limits
-from actors.chat import CallSpec, ChatActor
-from actors.events import (
+from tests.conftest import LiveServer, MakeServer
+from tests.wsclient import of, wait_for
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.chat import CallSpec, ChatActor
+from toolwire.actors.events import (
     AcceptedEvent,
     CancelResultEvent,
     Event,
     ResultEvent,
     TurnResultEvent,
 )
-from actors.journal import Journal, JournalRow, SqliteJournal
-from actors.outbox import Outbox
-from actors.records import ToolCallRecord
-from actors.results import Outcome, ToolwireError
-from simulation.journal import SimJournal
-from tests.conftest import LiveServer, MakeServer
-from tests.wsclient import of, wait_for
-from transport.codec import Codec
-from transport.server import to_wire
+from toolwire.actors.journal import Journal, JournalRow, SqliteJournal
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.results import Outcome, ToolwireError
+from toolwire.simulation.journal import SimJournal
+from toolwire.transport.codec import Codec
+from toolwire.transport.server import to_wire
 
 CHAT = "c"
 

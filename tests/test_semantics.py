@@ -22,9 +22,12 @@ import trio
 import wsproto
 import wsproto.events
 
-from actors.agent import Agent, AgentContext, Limits
-from actors.chat import CallSpec
-from actors.events import (
+from tests.conftest import TOKEN, LiveServer, MakeServer
+from tests.oswatch import alive
+from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import (
     AcceptedEvent,
     CancelResultEvent,
     Event,
@@ -32,19 +35,16 @@ from actors.events import (
     ResultEvent,
     StartedEvent,
 )
-from actors.outbox import Outbox
-from actors.processes import ExitStatus
-from actors.results import (
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.processes import ExitStatus
+from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
     Outcome,
     ToolwireError,
 )
-from actors.tools import files as file_tools
-from tests.conftest import TOKEN, LiveServer, MakeServer
-from tests.oswatch import alive
-from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
+from toolwire.actors.tools import files as file_tools
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
 TEST_DEADLINE_S = 10.0

@@ -17,9 +17,9 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from cli.serve import is_loopback
 from tests.oswatch import alive
 from tests.wsclient import connect
+from toolwire.cli.serve import is_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ async def serve(
     full_env = {k: v for k, v in os.environ.items() if k != "TOOLWIRE_TOKEN"} | (env or {})
     full_env["PYTHONPATH"] = str(ROOT)
     state = str(tmp_path / "state")
-    argv = [sys.executable, "-m", "cli.main", "serve", "--port", "0",
+    argv = [sys.executable, "-m", "toolwire.cli.main", "serve", "--port", "0",
             "--workspace", str(workspace), "--state-dir", state, *extra]  # fmt: skip
     with stderr_path.open("wb") as stderr:
         process = await trio.lowlevel.open_process(
@@ -124,7 +124,7 @@ async def _toolwire_call(*argv: str) -> subprocess.CompletedProcess[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TOOLWIRE_TOKEN", None)
     return await trio.run_process(
-        [sys.executable, "-m", "cli.main", "call", *argv],
+        [sys.executable, "-m", "toolwire.cli.main", "call", *argv],
         capture_stdout=True,
         capture_stderr=True,
         check=False,

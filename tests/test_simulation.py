@@ -20,16 +20,16 @@ import trio.testing
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from actors.agent import Agent, AgentContext
-from actors.chat import CallSpec
-from actors.events import AcceptedEvent, TurnResultEvent
-from actors.journal import JournalRow
-from actors.outbox import Outbox
-from cli.main import main as toolwire
-from simulation.journal import SimJournal
-from simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
-from simulation.planted import PLANTED
-from simulation.runner import SeedResult, run_world
+from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import AcceptedEvent, TurnResultEvent
+from toolwire.actors.journal import JournalRow
+from toolwire.actors.outbox import Outbox
+from toolwire.cli.main import main as toolwire
+from toolwire.simulation.journal import SimJournal
+from toolwire.simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
+from toolwire.simulation.planted import PLANTED
+from toolwire.simulation.runner import SeedResult, run_world
 
 # Codes of runtime bugs the simulator found and the runtime's owner has not fixed yet: each needs
 # a strict xfail reproduction below; the clean-run tests tolerate exactly these codes meanwhile.

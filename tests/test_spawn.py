@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from actors import processes
-from actors.processes import ExitStatus, RealProcessBackend, SpawnedProcess
-from actors.spawn import PosixSpawner
 from tests.oswatch import alive
+from toolwire.actors import processes
+from toolwire.actors.processes import ExitStatus, RealProcessBackend, SpawnedProcess
+from toolwire.actors.spawn import PosixSpawner
 
 TEST_DEADLINE_S = 10.0
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TOOLWIRE_TEST": "spawn"}
@@ -203,7 +203,7 @@ def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> 
     script = textwrap.dedent(
         f"""
         import os, sys, trio
-        from actors.processes import RealProcessBackend
+        from toolwire.actors.processes import RealProcessBackend
         async def main():
             # Closed once trio runs, so that its own descriptors do not fill 0..2 first.
             for fd in (0, 1, 2):

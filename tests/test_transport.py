@@ -13,10 +13,10 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from actors.agent import Limits
 from tests.conftest import TOKEN, LiveServer, start_server
 from tests.wsclient import FrameConn, connect, is_result
-from transport import server as server_module
+from toolwire.actors.agent import Limits
+from toolwire.transport import server as server_module
 
 
 async def _rejected(url: str, headers: list[tuple[bytes, bytes]], protos: list[str]) -> int:

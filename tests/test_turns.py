@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import trio
 
-from actors.chat import CallRuntime
-from actors.tools import files as file_tools
 from tests.conftest import LiveServer
 from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
+from toolwire.actors.chat import CallRuntime
+from toolwire.actors.tools import files as file_tools
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
 TEST_DEADLINE_S = 10.0

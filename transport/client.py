@@ -60,8 +60,8 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from transport import protocol
-from transport.codec import SUBPROTOCOLS, Codec, Encoding, MessageError
+from toolwire.transport import protocol
+from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding, MessageError
 
 __all__ = [
     "CallEvent",

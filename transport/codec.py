@@ -11,8 +11,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from transport import protocol
-from transport.bounds import (
+from toolwire.transport import protocol
+from toolwire.transport.bounds import (
     MAX_NESTING_DEPTH,
     MAX_WIRE_INT,
     MIN_WIRE_INT,

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from transport import protocol
+from toolwire.transport import protocol
 
 BEGIN = "<!-- BEGIN GENERATED MESSAGE REFERENCE: edit transport/reference.py, not this part -->"
 END = "<!-- END GENERATED MESSAGE REFERENCE -->"

@@ -23,15 +23,15 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
 from wsproto.connection import ConnectionState
 
-from actors import events
-from actors.agent import Agent
-from actors.chat import CallSpec
-from actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
-from actors.results import Result, ToolwireError
-from transport import frames, protocol
-from transport.buffered import WriteBufferedStream
-from transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
-from transport.connection import DirectConnection, open_server_connection
+from toolwire.actors import events
+from toolwire.actors.agent import Agent
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
+from toolwire.actors.results import Result, ToolwireError
+from toolwire.transport import frames, protocol
+from toolwire.transport.buffered import WriteBufferedStream
+from toolwire.transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
+from toolwire.transport.connection import DirectConnection, open_server_connection
 
 log = logging.getLogger("toolwire.server")
 

@@ -44,7 +44,7 @@ from typing import Annotated, Any, BinaryIO, assert_never
 
 import msgspec
 
-from actors.results import Outcome, ToolFailure, ToolReport
+from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 
 # --- limits -------------------------------------------------------------------------------------
 

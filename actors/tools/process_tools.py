@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 import msgspec
 import trio
 
-from actors.processes import SIGNALS, ProcessRecord, ProcessTable
-from actors.results import Outcome, ToolReport
+from toolwire.actors.processes import SIGNALS, ProcessRecord, ProcessTable
+from toolwire.actors.results import Outcome, ToolReport
 
 SignalName = Literal["SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
 ProcessId = Annotated[str, msgspec.Meta(min_length=1)]

@@ -8,10 +8,14 @@ from typing import Any
 
 import msgspec
 
-from actors.results import ToolwireError
-from actors.tools import files
-from actors.tools.execute import ExecuteArgs
-from actors.tools.process_tools import ProcessListArgs, ProcessOutputArgs, ProcessSignalArgs
+from toolwire.actors.results import ToolwireError
+from toolwire.actors.tools import files
+from toolwire.actors.tools.execute import ExecuteArgs
+from toolwire.actors.tools.process_tools import (
+    ProcessListArgs,
+    ProcessOutputArgs,
+    ProcessSignalArgs,
+)
 
 
 class ToolKind(enum.Enum):

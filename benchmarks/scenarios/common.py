@@ -11,9 +11,9 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.core import BenchContext, Measurement
-from benchmarks.procs import CpuMeter, ServerProcess
-from benchmarks.wire import WsConn, ws_connect
+from toolwire.benchmarks.core import BenchContext, Measurement
+from toolwire.benchmarks.procs import CpuMeter, ServerProcess
+from toolwire.benchmarks.wire import WsConn, ws_connect
 
 # The "trivial call": read_file of a small file (5 lines, 300 bytes).
 SMALL_FILE = "small.txt"
@@ -76,17 +76,17 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
     modules = {
-        "echo": ("benchmarks.echo_server", []),
-        "toolwire": ("benchmarks.toolwire_server", [f"--workspace={workspace}"]),
+        "echo": ("toolwire.benchmarks.echo_server", []),
+        "toolwire": ("toolwire.benchmarks.toolwire_server", [f"--workspace={workspace}"]),
         "toolwire-sqlite": (
-            "benchmarks.toolwire_server",
+            "toolwire.benchmarks.toolwire_server",
             [
                 f"--workspace={workspace}",
                 "--journal=sqlite",
                 f"--state-dir={ctx.scratch('state')}",
             ],
         ),
-        "http": ("benchmarks.http_baseline", [f"--workspace={workspace}"]),
+        "http": ("toolwire.benchmarks.http_baseline", [f"--workspace={workspace}"]),
     }
     procs: dict[str, ServerProcess] = {}
     try:

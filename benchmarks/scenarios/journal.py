@@ -11,9 +11,9 @@ among every call queued meanwhile, which is what the window of 64 lets it do.
 
 from __future__ import annotations
 
-from benchmarks.core import BenchContext, Comparison, ScenarioResult, run_side_by_side
-from benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
-from benchmarks.wire import Codec, pipelined_calls
+from toolwire.benchmarks.core import BenchContext, Comparison, ScenarioResult, run_side_by_side
+from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
+from toolwire.benchmarks.wire import Codec, pipelined_calls
 
 WINDOW = 64
 PROCESS_WINDOW = 8

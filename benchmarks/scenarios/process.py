@@ -17,9 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import trio
 
-from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, run_side_by_side
-from benchmarks.scenarios.common import Timed, servers, timed_ws
-from benchmarks.wire import Codec, pipelined_calls
+from toolwire.benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    ScenarioResult,
+    run_side_by_side,
+)
+from toolwire.benchmarks.scenarios.common import Timed, servers, timed_ws
+from toolwire.benchmarks.wire import Codec, pipelined_calls
 
 CONCURRENCY = (1, 8)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.core import (
+from toolwire.benchmarks.core import (
     BenchContext,
     Comparison,
     Goal,
@@ -35,10 +35,10 @@ from benchmarks.core import (
     ScenarioResult,
     run_side_by_side,
 )
-from benchmarks.http_baseline import HttpClient
-from benchmarks.procs import CpuMeter, ServerProcess
-from benchmarks.scenarios.common import TRIVIAL_ARGS, Timed, servers, timed_ws
-from benchmarks.wire import (
+from toolwire.benchmarks.http_baseline import HttpClient
+from toolwire.benchmarks.procs import CpuMeter, ServerProcess
+from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, Timed, servers, timed_ws
+from toolwire.benchmarks.wire import (
     Codec,
     CountingStream,
     UnexpectedReply,

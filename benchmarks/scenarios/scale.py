@@ -30,7 +30,7 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.core import (
+from toolwire.benchmarks.core import (
     BenchContext,
     Comparison,
     Goal,
@@ -38,9 +38,9 @@ from benchmarks.core import (
     ScenarioResult,
     run_side_by_side,
 )
-from benchmarks.procs import ServerProcess, child_env, rss_bytes
-from benchmarks.scenarios.common import make_workspace, servers
-from benchmarks.wire import Codec, UnexpectedReply, ws_connect
+from toolwire.benchmarks.procs import ServerProcess, child_env, rss_bytes
+from toolwire.benchmarks.scenarios.common import make_workspace, servers
+from toolwire.benchmarks.wire import Codec, UnexpectedReply, ws_connect
 
 MB = 1024 * 1024
 # Calls in flight while the memory worker fills the chats: one connection's pipelining window
@@ -265,7 +265,7 @@ def _scale_worker(
     argv = [
         ctx.python,
         "-m",
-        "benchmarks.scale_worker",
+        "toolwire.benchmarks.scale_worker",
         "--workspace",
         str(workspace),
         "--chats",

@@ -18,7 +18,7 @@ import time
 
 import trio
 
-from benchmarks.core import (
+from toolwire.benchmarks.core import (
     BenchContext,
     Comparison,
     Goal,
@@ -26,9 +26,9 @@ from benchmarks.core import (
     ScenarioResult,
     run_side_by_side,
 )
-from benchmarks.procs import CpuMeter, ServerProcess
-from benchmarks.scenarios.common import servers
-from benchmarks.wire import Codec, UnexpectedReply, ws_connect
+from toolwire.benchmarks.procs import CpuMeter, ServerProcess
+from toolwire.benchmarks.scenarios.common import servers
+from toolwire.benchmarks.wire import Codec, UnexpectedReply, ws_connect
 
 MB = 1_000_000
 PIPE_READ_BYTES = 64 * 1024

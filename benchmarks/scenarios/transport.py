@@ -9,9 +9,15 @@ at least three messages (`call`, `accepted`, `result`), an echo is two.
 
 from __future__ import annotations
 
-from benchmarks.core import BenchContext, Comparison, Goal, ScenarioResult, run_side_by_side
-from benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
-from benchmarks.wire import Codec, WsConn, await_result, pipelined_calls, pipelined_echo
+from toolwire.benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    ScenarioResult,
+    run_side_by_side,
+)
+from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
+from toolwire.benchmarks.wire import Codec, WsConn, await_result, pipelined_calls, pipelined_echo
 
 MESSAGE_BYTES = 200
 WINDOW = 64

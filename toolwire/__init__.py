@@ -1,0 +1,59 @@
+"""toolwire: a tool-call runtime for AI coding agents.
+
+The repository keeps the design card's top-level folders (`actors/`, `transport/`, `cli/`,
+`simulation/`, `benchmarks/`); the build maps each into this one import package, so an install
+adds a single top-level name: `toolwire.actors`, `toolwire.transport`, and so on. What a chat
+server needs is re-exported here.
+"""
+
+from __future__ import annotations
+
+from toolwire.transport.client import (
+    CallEvent,
+    CallHandle,
+    Client,
+    ConnectError,
+    ConnectionLost,
+    Detached,
+    MessageTooBig,
+    OutputCursor,
+    RequestError,
+    ToolwireClientError,
+    TurnHandle,
+    connect,
+)
+from toolwire.transport.ids import TOOL_CALL_NAMESPACE, tool_call_id, tool_call_ids
+from toolwire.transport.protocol import (
+    Approval,
+    ApprovalResolved,
+    CallSpec,
+    Output,
+    Result,
+    ResultMessage,
+    Started,
+)
+
+__all__ = [
+    "TOOL_CALL_NAMESPACE",
+    "Approval",
+    "ApprovalResolved",
+    "CallEvent",
+    "CallHandle",
+    "CallSpec",
+    "Client",
+    "ConnectError",
+    "ConnectionLost",
+    "Detached",
+    "MessageTooBig",
+    "Output",
+    "OutputCursor",
+    "RequestError",
+    "Result",
+    "ResultMessage",
+    "Started",
+    "ToolwireClientError",
+    "TurnHandle",
+    "connect",
+    "tool_call_id",
+    "tool_call_ids",
+]
