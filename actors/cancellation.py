@@ -70,9 +70,9 @@ async def reply_cancel(
         proc = runtime.process or chat.processes.get(record.call_id)
         if received and proc is not None and proc.canceled:
             # A process the ended call left running is killed "like a running one" (5.3):
-            # the reply waits for it, so a client never sees it alive after the
-            # cancel_result.
-            await proc.exited.wait()
+            # the reply waits until its whole group is gone, so a client never sees any of
+            # it alive after the cancel_result.
+            await proc.stopped.wait()
         chat._deliver(
             [record],
             lambda results: outbox.put(

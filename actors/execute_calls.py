@@ -93,6 +93,11 @@ async def run_execute(chat: ChatActor, record: ToolCallRecord, runtime: CallRunt
         proc.timed_out = True
         chat._finish(record, execute_result(chat, record, proc, Outcome.TIMED_OUT))
         return
+    if proc.canceled:
+        # The shell is gone, but the cancel's grace belongs to the whole group (5.3): the
+        # result, and with it the cancel's reply, waits until every member has exited or
+        # been killed, and carries what they printed meanwhile.
+        await proc.stopped.wait()
     processes.drain_available(proc, on_output)
     outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
     chat._finish(record, execute_result(chat, record, proc, outcome))

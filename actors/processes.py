@@ -23,7 +23,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 import trio
 
@@ -80,6 +80,10 @@ class SpawnedProcess(Protocol):
 
     def signal_group(self, sig: signal.Signals) -> bool:
         """Signal the whole process group; False when no process of it is left."""
+
+    def group_alive(self) -> bool:
+        """True while any member of the command's process group exists (the shell counts until
+        it is reaped), whether or not the shell itself has exited."""
 
     def poll_exited(self) -> bool:
         """True once the command's own process has exited, even before `wait` returned (a
@@ -180,6 +184,19 @@ class _RealProcess:
             return False
         return True
 
+    def group_alive(self) -> bool:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, 0)  # signal 0: only asks whether the group has a member
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # a member runs as another user (a setuid program): look closer
+        # killpg counts zombies too: members that exited and wait for a reaper. Init reaps
+        # orphans at once on most hosts, but not every PID 1 does (some container and VM inits
+        # never do), so only a member that still runs keeps the group alive.
+        return has_live_member(self.pid)
+
     def _close_fd(self, name: str) -> None:
         fd: int | None = getattr(self, name)
         if fd is not None:
@@ -259,6 +276,9 @@ class ProcessRecord:
     timed_out: bool = False
     canceled: bool = False
     exited: trio.Event = field(default_factory=trio.Event)
+    # Set when a `terminate` of the group has finished: the group is empty (or what is left of
+    # it could not be seen to go, see GROUP_GONE_AFTER_KILL_S). A cancel's reply waits for it.
+    stopped: trio.Event = field(default_factory=trio.Event)
     output_closed: trio.Event = field(default_factory=trio.Event)
     # Set whenever output arrives or the process changes state: waiters re-check.
     changed: trio.Event = field(default_factory=trio.Event)
@@ -358,11 +378,40 @@ class ProcessTable:
             del self._running[record.process_id]
 
 
+def has_live_member(pgid: int) -> bool:
+    """True when a process of group `pgid` still runs (is not a zombie), from /proc: one read
+    per process on the host, so only asked after the one-syscall `killpg(pgid, 0)` said the
+    group has a member."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # it exited while we looked
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
+
+
 def has_exited(record: ProcessRecord) -> bool:
     """True once the command's shell has exited, also in the moment between its exit and its
     reap task running (a zombie): a cancel arriving then must not call a finished run
     "canceled", and a signal sent then reaches nothing."""
     return record.status is not None or record.handle.poll_exited()
+
+
+# Looks at a stopping process group: from 1 ms (a shell that obeys SIGTERM is gone within a
+# millisecond or two, and the cancel's reply waits for it), doubling to 20 ms (a member that
+# cleans up for seconds costs 50 syscalls a second at most).
+GROUP_POLL_FIRST_S: Final = 0.001
+GROUP_POLL_MAX_S: Final = 0.02
+# After SIGKILL every member dies at once, but only the shell is ours to reap; the others are
+# reaped by init. Where nothing reaps them (the agent as PID 1 of a container without an init)
+# their zombies would keep the group non-empty forever, so the wait for that is bounded.
+GROUP_GONE_AFTER_KILL_S: Final = 1.0
 
 
 async def pump(record: ProcessRecord, on_output: Callable[[ProcessRecord], None]) -> None:
@@ -414,13 +463,32 @@ async def reap(
 
 
 async def terminate(record: ProcessRecord, grace_s: float) -> None:
-    """SIGTERM the group, SIGKILL it after the grace, and wait for the shell to be reaped.
+    """Stop the whole process group as PROTOCOL.md 5.3 says: SIGTERM, then every member (not
+    only the shell) has `grace_s` from that SIGTERM to exit, even after the shell itself has
+    exited; whatever is left then gets SIGKILL; return once the group is empty.
 
-    The SIGKILL goes to the group unconditionally, even when the shell obeyed SIGTERM at once:
-    a background grandchild that ignores SIGTERM must not outlive a canceled call."""
-    if record.running:
+    The grace is the group's, not the shell's: in `cd x && make test` the shell dies of the
+    SIGTERM at once while make and its children clean up; killing them the moment the shell
+    exits would give them no grace at all. The SIGKILL still goes to the group when the group
+    emptied within the grace (it then reaches nothing), so a member that ignores SIGTERM can
+    never outlive a canceled call."""
+    if record.handle.group_alive():
         record.handle.signal_group(signal.SIGTERM)
-        with trio.move_on_after(grace_s):
-            await record.exited.wait()
+        await wait_until_group_empty(record, grace_s)
     record.handle.signal_group(signal.SIGKILL)
     await record.exited.wait()
+    await wait_until_group_empty(record, GROUP_GONE_AFTER_KILL_S)
+    record.stopped.set()
+
+
+async def wait_until_group_empty(record: ProcessRecord, timeout_s: float) -> bool:
+    """Poll the group (one `killpg(pgid, 0)` a look) on a short backoff until it has no member,
+    for at most `timeout_s`; True when it emptied. A pidfd per member would wake us exactly,
+    but members are not our children and come and go; a look costs one syscall."""
+    delay = GROUP_POLL_FIRST_S
+    with trio.move_on_after(timeout_s):
+        while record.handle.group_alive():
+            await trio.sleep(delay)
+            delay = min(delay * 2, GROUP_POLL_MAX_S)
+        return True
+    return False

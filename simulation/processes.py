@@ -150,6 +150,10 @@ class SimProcess:
             self.kill(now, sig.name)
         return True
 
+    def group_alive(self) -> bool:
+        # A simulated command is its whole process group: the group lives as long as it does.
+        return trio.current_time() < self.death
+
     def close(self) -> None:
         pass
 

@@ -189,6 +189,9 @@ class _FakeHandle:
     def poll_exited(self) -> bool:
         return True
 
+    def group_alive(self) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 

@@ -341,6 +341,34 @@ async def test_term_ignoring_command_is_killed_after_the_grace(make_server: Make
     assert await gone(lambda: not group_members(pid))  # the ignoring `sleep` too
 
 
+async def test_every_member_of_the_group_gets_the_grace_not_only_the_shell(
+    live: LiveServer,
+) -> None:
+    """PROTOCOL.md 5.3: every member of the group has `kill_grace_ms` from the SIGTERM to exit,
+    even after the shell itself has exited, and the cancel waits until the group is empty. The
+    outer shell dies of the SIGTERM at once; the inner one traps it and cleans up for 0.3 s
+    (`cd x && make test` in small). The SIGKILL used to follow the shell's exit at once, so
+    the cleanup never ran."""
+    marker = live.workspace / "marker"
+    command = (
+        f'sh -c \'trap "sleep 0.3; echo cleaned > {marker}; exit 0" TERM; echo ready; '
+        "while true; do sleep 0.05; done'; echo after"
+    )
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            await conn.send(execute("c", "make", command))
+            await output_containing(conn, "make", "ready")
+            pid = (await wait_for(conn, of("started", "make")))["pid"]
+            reply = await cancel(conn, "c", "make")
+            members_at_reply = group_members(pid)
+    result = reply["result"]
+    assert result["outcome"] == "canceled" and result["canceled"] is True
+    # The outer shell died of the SIGTERM: it never got to `echo after`.
+    assert result["output"].startswith("ready\n") and "after" not in result["output"]
+    assert marker.read_text() == "cleaned\n"  # the member had its grace and used it
+    assert members_at_reply == []  # the reply came once the group was empty
+
+
 async def test_backgrounded_grandchild_dies_with_the_group(live: LiveServer) -> None:
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:
@@ -863,6 +891,9 @@ class _ScriptedProcess:
 
     def poll_exited(self) -> bool:
         return self._exited.is_set()
+
+    def group_alive(self) -> bool:
+        return not self._exited.is_set()
 
     def signal_group(self, sig: signal.Signals) -> bool:
         return False
