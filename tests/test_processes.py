@@ -56,7 +56,8 @@ async def test_process_output_without_wait_answers_at_once(live: LiveServer) -> 
     data = state["data"]
     assert data["running"] is True and data["exit_code"] is None
     assert data["timed_out"] is False and data["canceled"] is False
-    assert state["wall_ms"] < 1000  # no wait was asked for
+    # No wait was asked for: a tool that waited for the `sleep 30` would miss the test's
+    # deadline (no upper bound on a duration here: a busy machine must not fail the test).
 
 
 async def test_process_output_wait_returns_when_the_process_exits(live: LiveServer) -> None:
@@ -75,7 +76,7 @@ async def test_process_output_wait_ms_bounds_the_wait(live: LiveServer) -> None:
             await background(conn, "p", "sleep 30")
             state = await run(conn, "o", "process_output", process_id="p", wait=True, wait_ms=200)
     assert state["data"]["running"] is True
-    assert 200 <= state["wall_ms"] < 5000
+    assert state["wall_ms"] >= 200  # it waited; unbounded, it would miss the test's deadline
 
 
 async def test_process_output_wait_is_capped_by_max_wait_ms(make_server: MakeServer) -> None:
@@ -90,7 +91,7 @@ async def test_process_output_wait_is_capped_by_max_wait_ms(make_server: MakeSer
             default = await run(conn, "o2", "process_output", process_id="p", wait=True)
     for state in (asked, default):
         assert state["data"]["running"] is True
-        assert 200 <= state["wall_ms"] < 5000
+        assert state["wall_ms"] >= 200  # capped: waiting 600 s would miss the test's deadline
 
 
 async def test_process_output_of_an_unknown_process_fails(live: LiveServer) -> None:

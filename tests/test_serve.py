@@ -78,16 +78,14 @@ async def test_generated_token_is_private_and_sigterm_shuts_down_cleanly(tmp_pat
                              "tool": "execute", "args": {"command": command}})  # fmt: skip
             await conn.recv_until(lambda m: m["type"] == "output" and "up" in m["data"])
             child = int(pidfile.read_text())
-            start = trio.current_time()
             server.process.send_signal(signal.SIGTERM)
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     await conn.recv()
             assert closed.value.reason.code == 1001
-        with trio.fail_after(5):
+        with trio.fail_after(5):  # kill_grace_ms + 1 s (PROTOCOL.md 9.3), with room for load
             code = await server.process.wait()
         assert code == 0
-        assert trio.current_time() - start < 5
     assert not alive(child)  # the backgrounded grandchild was ended with its group
 
 
