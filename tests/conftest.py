@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if (
             callspec is not None
-            and callspec.params.get("live") == "sqlite"
+            and "sqlite" in (callspec.params.get("live"), callspec.params.get("make_server"))
             and item.get_closest_marker("memory_journal")
         ):
             item.add_marker(skip)
@@ -88,15 +88,23 @@ async def live(
 MakeServer = Callable[..., Awaitable[LiveServer]]
 
 
-@pytest.fixture
-async def make_server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[MakeServer]:
+@pytest.fixture(params=["memory", "sqlite"])
+async def make_server(
+    nursery: trio.Nursery, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[MakeServer]:
     """Servers with their own limits, policy or kill grace (keyword arguments of
-    `start_server`), each with a workspace of its own; their processes are stopped after."""
+    `start_server`), each with a workspace of its own; their processes are stopped after. Like
+    `live`, every test runs twice: on the memory journal and on SQLite with no recent-results
+    cache (unless the test brings its own journal)."""
     servers: list[LiveServer] = []
 
     async def make(**kwargs: Any) -> LiveServer:
         workspace = tmp_path / f"ws{len(servers)}"
         workspace.mkdir()
+        if request.param == "sqlite" and "journal" not in kwargs:
+            state = tmp_path / f"state{len(servers)}"
+            kwargs |= {"journal": SqliteJournal(state / "journal.sqlite3")}
+            kwargs.setdefault("result_cache_entries", 0)
         server = await start_server(nursery, workspace, **kwargs)
         servers.append(server)
         return server
