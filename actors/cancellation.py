@@ -80,7 +80,7 @@ async def reply_cancel(
             ),
         )
     finally:
-        record.pins -= 1
+        record.unpin()
 
 
 async def reply_interrupted(

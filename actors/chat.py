@@ -241,7 +241,7 @@ class ChatActor:
     def cancel(self, outbox: Outbox, call_ids: list[str], rid: Any) -> None:
         for call_id in call_ids:
             received, record = self._cancel_one(call_id)
-            record.pins += 1  # its result is owed: not forgotten before the reply
+            record.pin()  # its result is owed: not forgotten before the reply
             self._spawn(cancellation.reply_cancel, self, outbox, record, received, rid)
 
     def turn(
@@ -291,7 +291,7 @@ class ChatActor:
                 turn_id=turn_id,
             )
             assert record is not None and admission is not Admission.CONFLICT
-            record.pins += 1  # until the turn has its turn_result (`_run_turn`)
+            record.pin()  # until the turn has its turn_result (`_run_turn`)
             if admission is Admission.NEW:
                 created.add(spec.call_id)
                 runtime = CallRuntime(spec=spec, limiter=limiter)
@@ -610,7 +610,7 @@ class ChatActor:
             self._lane = ResultLane(self.chat_id, self.ctx, self._results)
             self._spawn(self._run_lane, self._lane)
         for record in records:
-            record.pins += 1
+            record.pin()
         self._lane.deliveries.append((records, send))
 
     async def _run_lane(self, lane: ResultLane) -> None:

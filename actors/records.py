@@ -108,6 +108,16 @@ class ToolCallRecord:
     def pinned(self) -> bool:
         return self.pins > 0
 
+    def pin(self) -> None:
+        """One more holder needs this record's result: it is not forgotten until unpinned."""
+        self.pins += 1
+
+    def unpin(self) -> None:
+        """A holder is done with the result; every unpin matches one earlier pin."""
+        if self.pins <= 0:
+            raise TransitionError(f"unpin of {self.call_id!r}, which no one pinned")
+        self.pins -= 1
+
 
 class TransitionError(Exception):
     """A transition the state machine forbids: a bug in the caller, never a user error."""

@@ -67,7 +67,7 @@ class ResultLane:
             for records, send in batch:
                 lane.popleft()
                 for record in records:
-                    record.pins -= 1
+                    record.unpin()
                 send([held[record.call_id] for record in records])
 
     async def _read_results(self, records: list[ToolCallRecord]) -> dict[str, Result]:

@@ -106,7 +106,7 @@ async def run_turn(chat: ChatActor, run: TurnRun) -> None:
         for call_id in run.call_ids:
             record = chat.records.get(call_id)
             if record is not None:
-                record.pins -= 1
+                record.unpin()
 
 
 async def _run_turn_call(chat: ChatActor, call_id: str) -> None:

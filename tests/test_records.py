@@ -160,14 +160,19 @@ class RecordTableMachine(RuleBasedStateMachine):
     @rule(call_id=CALL_IDS)
     def pin(self, call_id: str) -> None:
         if call_id in self.model:
-            self.record(call_id).pins += 1
+            self.record(call_id).pin()
             self.model[call_id].pins += 1
 
     @rule(call_id=CALL_IDS)
     def unpin(self, call_id: str) -> None:
-        if call_id in self.model and self.model[call_id].pins:
-            self.record(call_id).pins -= 1
+        if call_id not in self.model:
+            return
+        if self.model[call_id].pins:
+            self.record(call_id).unpin()
             self.model[call_id].pins -= 1
+        else:
+            with pytest.raises(TransitionError):  # an unpin with no pin is the caller's bug
+                self.record(call_id).unpin()
 
     @rule(call_id=CALL_IDS)
     def release(self, call_id: str) -> None:
