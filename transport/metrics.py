@@ -3,8 +3,8 @@
 Nothing is counted here. At scrape time a custom `prometheus_client` collector reads the plain
 counters the runtime bumps (`actors/metrics.py`) and the agent's tables (chats, records,
 processes, connections), and `prometheus_client` writes the exposition: this module never
-formats a metric line itself. A scrape walks every record once (a few milliseconds per hundred
-thousand records); the hot path pays nothing for it.
+formats a metric line itself. A scrape walks every record once (about 30 ms for 100,000 records
+in 10,000 chats on a shared 2-core machine); the hot path pays nothing for it.
 """
 
 from __future__ import annotations
