@@ -78,7 +78,8 @@ async def test_json_log_lines_parse_name_their_call_and_hold_no_secret(tmp_path:
     opened = the("connection opened")
     assert opened["peer"].startswith("127.0.0.1:")
     assert opened["subprotocol"] == "toolwire.v1.json"
-    assert the("connection closed", conn=opened["conn"])["peer"] == opened["peer"]
+    closed = the("connection closed", conn=opened["conn"])
+    assert (closed["peer"], closed["subprotocol"]) == (opened["peer"], "toolwire.v1.json")
 
 
 async def test_text_is_the_default_only_on_a_terminal(tmp_path: Path) -> None:

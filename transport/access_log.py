@@ -40,8 +40,12 @@ def opened(conn: int, peer: str, subprotocol: str | None) -> None:
     )
 
 
-def closed(conn: int, peer: str, reason: CloseReason | None) -> None:
-    extra: dict[str, Any] = {"conn": conn, "peer": peer}
+def closed(conn: int, peer: str, subprotocol: str | None, reason: CloseReason | None) -> None:
+    extra: dict[str, Any] = {
+        "conn": conn,
+        "peer": peer,
+        "subprotocol": subprotocol or "toolwire.v1.json",
+    }
     if reason is not None:
         extra["close_code"] = reason.code
     log.info("connection closed", extra=extra)

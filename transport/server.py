@@ -158,7 +158,7 @@ class Server:
                     finally:
                         self._sessions.discard(session)
                         await session.close(1000, "")
-                        access_log.closed(session.id, peer, ws.closed)
+                        access_log.closed(session.id, peer, ws.subprotocol, ws.closed)
                 # Flush what is still buffered (a rejection response, a close frame) before
                 # the flusher is cancelled with the rest of this connection's tasks.
                 with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
