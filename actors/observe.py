@@ -22,7 +22,8 @@ log = logging.getLogger("toolwire.calls")
 def call_ended(ctx: AgentContext, chat_id: str, call_id: str, result: Result) -> None:
     """Once per call, when its result is durable and published."""
     metrics = ctx.metrics
-    if metrics is not None:
+    # tool "": a cancel tombstone (a cancel of an id no call has named); it is not a call.
+    if metrics is not None and result.tool:
         metrics.call_ended(result.tool, result.outcome)
     if log.isEnabledFor(logging.INFO):  # the hot path: no dict unless the line is written
         log.info(

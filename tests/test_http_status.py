@@ -150,6 +150,9 @@ async def test_counters_move_as_calls_complete_fail_and_are_canceled(live: LiveS
         await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["sleep"]})
         canceled = await wait_for(conn, of("result", "sleep"))
         assert canceled["outcome"] == "canceled"
+        await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["ghost"]})
+        ghost = await wait_for(conn, of("cancel_result", "ghost"))
+        assert ghost["received"] is False  # a tombstone, not a call: not counted
         nope = await conn.call("c", "nope", "no_such_tool", {})
         assert nope["type"] == "error" and nope["code"] == "unknown_tool"
         await conn.send_raw("{not json")
@@ -163,6 +166,8 @@ async def test_counters_move_as_calls_complete_fail_and_are_canceled(live: LiveS
     assert moved("toolwire_calls_total", tool="read_file", outcome="failed") == 1
     assert moved("toolwire_calls_total", tool="execute", outcome="completed") == 1
     assert moved("toolwire_calls_total", tool="execute", outcome="canceled") == 1
+    ended = sum(v for (name, _), v in after.items() if name == "toolwire_calls_total")
+    assert ended - sum(v for (name, _), v in before.items() if name == "toolwire_calls_total") == 4
     assert moved("toolwire_errors_total", code="unknown_tool") == 1
     assert moved("toolwire_errors_total", code="bad_message") == 1
     assert moved("toolwire_output_bytes_total") >= 7  # printf's 7 bytes (sleep wrote none)
