@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -38,6 +39,13 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="text for people, json (one object per line) for log pipelines; default: text "
         "when stderr is a terminal, else json",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="info (default) logs every call's end and every error sent; warning keeps only "
+        "warnings and failures",
     )
     serve.add_argument(
         "--allow-origin",
@@ -127,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         except BadOrigin as exc:
             print(f"toolwire serve: --allow-origin: {exc}", file=sys.stderr)
             return 2
-        setup_logging(args.log_format or default_log_format(sys.stderr))
+        setup_logging(
+            args.log_format or default_log_format(sys.stderr),
+            getattr(logging, args.log_level.upper()),
+        )
         approve = frozenset(t.strip() for t in args.approve.split(",") if t.strip())
         timeout = args.approval_timeout_s
         if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):

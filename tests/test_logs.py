@@ -92,6 +92,19 @@ async def test_text_is_the_default_only_on_a_terminal(tmp_path: Path) -> None:
     assert lines and all(json.loads(line)["level"] for line in lines)
 
 
+async def test_log_level_warning_drops_the_line_per_call(tmp_path: Path) -> None:
+    async with serve(
+        tmp_path, "--log-level", "warning", "--insecure-no-auth", env={"TOOLWIRE_TOKEN": TOKEN}
+    ) as server:
+        async with connect(server.url, None) as conn:
+            assert (await conn.call("c", "x", "process_list", {}))["outcome"] == "completed"
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
+    lines = [json.loads(line) for line in server.stderr_path.read_text().splitlines()]
+    assert {line["level"] for line in lines} == {"warning"}  # the no-auth warning, nothing else
+    assert "authentication is DISABLED" in lines[0]["event"]
+
+
 @pytest.mark.parametrize(
     "origin",
     ["https://example.com/", "example.com", "null", "https://Example.com", "ftp://x.org", ""],
