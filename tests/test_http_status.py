@@ -4,6 +4,7 @@ real server on 127.0.0.1 and a real HTTP client (h11 over a trio socket)."""
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from tests.conftest import TOKEN, LiveServer
+from tests.test_serve import serve
 from tests.wsclient import connect, of, wait_for
 from toolwire.actors.agent import RECOVERY_YIELD_ROWS, Agent, AgentContext
 from toolwire.actors.journal import JournalRow, SqliteJournal
@@ -372,3 +374,18 @@ async def test_a_browser_origin_is_refused_before_auth_unless_allowed(
     assert await handshake_status(allowing, token, "https://evil.example.com") == 403
     if token is not None:
         assert await handshake_status(allowing, None, ORIGIN) == 401  # allowed, still needs auth
+
+
+async def test_toolwire_serve_allow_origin_lets_exactly_that_origin_through(
+    tmp_path: Path,
+) -> None:
+    async with serve(
+        tmp_path, "--insecure-no-auth", "--allow-origin", ORIGIN, "--allow-origin", "http://x.test"
+    ) as server:
+        port = port_of(server.url)
+        assert await handshake_status(port, None, ORIGIN) == 101
+        assert await handshake_status(port, None, "http://x.test") == 101
+        assert await handshake_status(port, None, "https://example.org") == 403
+        assert await handshake_status(port, None, None) == 101
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
