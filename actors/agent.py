@@ -20,6 +20,7 @@ import trio
 from toolwire.actors import processes
 from toolwire.actors.chat import CallSpec, ChatActor
 from toolwire.actors.journal import Journal, MemoryJournal, wall_ms_to_monotonic
+from toolwire.actors.metrics import CallCounters
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, ResultCache
 from toolwire.actors.tools.registry import TOOL_NAMES
@@ -82,6 +83,8 @@ class AgentContext:
     # agent's whole LRU, see actors/result_cache.py); older ones are read back when needed.
     result_cache_entries: int = DEFAULT_MAX_ENTRIES
     result_cache_bytes: int = DEFAULT_MAX_BYTES
+    # The operator's counters (`/metrics`); None counts nothing (the benchmark's baseline).
+    metrics: CallCounters | None = field(default_factory=lambda: CallCounters(TOOL_NAMES))
 
     def __post_init__(self) -> None:
         for name in ("approval_timeout_s", "kill_grace_s"):
@@ -89,6 +92,10 @@ class AgentContext:
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
 
+
+# Recovery lets other tasks run after this many records: a large journal takes seconds to
+# rebuild, and meanwhile the server must answer its probes (`/healthz` 200, `/readyz` 503).
+RECOVERY_YIELD_ROWS = 1000
 
 # How often the sweeper forgets expired records and exited processes. Forgetting is also checked
 # on every insert, so this only bounds how long an idle chat holds memory past its expiry.
@@ -114,6 +121,8 @@ class Agent:
         # Recent results of every chat; new on every start, like all the agent's memory.
         self.results = ResultCache(ctx.result_cache_entries, ctx.result_cache_bytes)
         self.recovered = 0  # records rebuilt from the journal at start
+        # True once recovery is done and durable and requests are taken (`/readyz`).
+        self.ready = False
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
@@ -122,7 +131,7 @@ class Agent:
             await nursery.start(self.ctx.journal.run)
             journal = self.ctx.journal
             queued_before = journal.queued_seq
-            self.recovered = self._recover()
+            self.recovered = await self._recover()
             # Recovery ends every call that was running when the agent died `unknown`. That
             # outcome is on disk before the agent takes requests: a retry right after a restart
             # is told "done" with its result, never "running" while the write is under way.
@@ -131,10 +140,11 @@ class Agent:
             if journal.queued_seq != queued_before:
                 await journal.wait_durable(journal.queued_seq)
             nursery.start_soon(self._sweeper)
+            self.ready = True
             task_status.started(self)
             await trio.sleep_forever()
 
-    def _recover(self) -> int:
+    async def _recover(self) -> int:
         """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
         now_wall, now = self.ctx.wall_ms(), trio.current_time()
         recovered = 0
@@ -142,6 +152,10 @@ class Agent:
             touched_at = wall_ms_to_monotonic(row.touched_at_ms, now_wall, now)
             self.chat(row.chat_id).restore(row, touched_at)
             recovered += 1
+            if recovered % RECOVERY_YIELD_ROWS == 0:
+                # Nothing takes requests yet (the server answers 503 until `ready`); what runs
+                # meanwhile is the server's probes and the tasks restored records started.
+                await trio.lowlevel.checkpoint()
         return recovered
 
     def chat(self, chat_id: str) -> ChatActor:

@@ -28,6 +28,7 @@ from toolwire.actors import (
     cancellation,
     chat_journal,
     gates,
+    observe,
     planner,
     processes,
     tool_runs,
@@ -587,10 +588,7 @@ class ChatActor:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
             self._results.put((self.chat_id, record.call_id), self.records.release_result(record))
-        if log.isEnabledFor(logging.DEBUG):  # the hot path: no extra dict unless it is shown
-            log.debug(
-                "call %s ended %s", record.call_id, result.outcome, extra=self._log_extra(record)
-            )
+        observe.call_ended(self.ctx, self.chat_id, record.call_id, result)
 
     def _deliver(self, records: list[ToolCallRecord], send: Callable[[list[Result]], None]) -> None:
         """Call `send` with the saved results of `records` (each published): at once when they

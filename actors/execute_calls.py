@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from toolwire.actors import call_results, processes
+from toolwire.actors import call_results, observe, processes
 from toolwire.actors.calls import CallRuntime
 from toolwire.actors.events import StartedEvent
 from toolwire.actors.records import ToolCallRecord
@@ -73,7 +73,10 @@ async def run_execute(chat: ChatActor, record: ToolCallRecord, runtime: CallRunt
         if sub.active and sub.stream:
             sub.outbox.put(runtime.started, sub)
 
-    def on_output(_proc: processes.ProcessRecord) -> None:
+    counter = observe.OutputCounter(chat.ctx)
+
+    def on_output(proc: processes.ProcessRecord) -> None:
+        counter.update(proc.output.total)
         chat._output_arrived(record)
 
     chat._spawn(pump, chat, proc, on_output, record)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 import msgspec
 import trio
 
+from toolwire.actors.metrics import Durations
 from toolwire.actors.results import Result
 
 SCHEMA_VERSION = 1
@@ -68,6 +70,8 @@ class Journal(ABC):
     # True when `read_results` can give back every durable result of a record still journaled:
     # the chat actors then keep finished results off the heap.
     keeps_results = False
+    # How long each group commit took (`toolwire_journal_commit_seconds`); None: never commits.
+    commit_durations: Durations | None = None
 
     @abstractmethod
     def write(self, row: JournalRow) -> int:
@@ -164,6 +168,7 @@ class SqliteJournal(Journal):
     """Records in SQLite (WAL mode) under the state dir, one row per (chat_id, call_id)."""
 
     keeps_results = True
+    commit_durations: Durations
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -177,6 +182,7 @@ class SqliteJournal(Journal):
         self._committed = trio.Event()
         self._wakeup = trio.Event()
         self._failed: BaseException | None = None
+        self.commit_durations = Durations()
         self._db = self._open(path)
 
     @staticmethod
@@ -305,6 +311,7 @@ class SqliteJournal(Journal):
             batch = self._ops[:MAX_BATCH]
             del self._ops[:MAX_BATCH]
             last = self._queued_seq - len(self._ops)
+            started = time.perf_counter()
             try:
                 # Not cancellable: a commit half-way would leave waiters not knowing the truth.
                 await trio.to_thread.run_sync(self._commit, batch, limiter=limiter)
@@ -312,6 +319,7 @@ class SqliteJournal(Journal):
                 self._failed = exc
                 self._committed.set()
                 raise JournalError(f"journal {self.path}: write failed: {exc}") from exc
+            self.commit_durations.observe(time.perf_counter() - started)
             self._durable_seq = last
             self._committed.set()
             self._committed = trio.Event()

@@ -1,9 +1,11 @@
 """A toolwire agent and WebSocket server for the benchmarks
 (`python -m toolwire.benchmarks.toolwire_server --workspace DIR --token TOKEN
-[--journal memory|sqlite --state-dir DIR]`): the same `Agent` and `Server` as `toolwire serve`,
+[--journal memory|sqlite --state-dir DIR] [--no-metrics]`): the same `Agent` and `Server` as
+`toolwire serve`,
 on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM shuts it down like `serve`.
 The journal defaults to `memory` (`serve` defaults to `sqlite`): the journal's own cost is the
-subject of its own scenario, and every other scenario leaves it out.
+subject of its own scenario, and every other scenario leaves it out. `--no-metrics` turns the
+operator's counters off (`AgentContext.metrics = None`): the baseline of their cost.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from toolwire.actors.journal import open_journal
 from toolwire.transport.server import Server, ServerConfig
 
 
-async def main(workspace: str, token: str, journal: str = "memory", state_dir: str = "") -> None:
+async def main(
+    workspace: str, token: str, journal: str = "memory", state_dir: str = "", metrics: bool = True
+) -> None:
     ctx = AgentContext(
         workspace=workspace, journal=open_journal(journal, Path(state_dir) if state_dir else None)
     )
+    if not metrics:
+        ctx.metrics = None
     async with trio.open_nursery() as nursery:
         agent = await nursery.start(Agent(ctx).run)
         server = Server(agent, ServerConfig(host="127.0.0.1", port=0, token=token))
@@ -41,5 +47,6 @@ if __name__ == "__main__":
     parser.add_argument("--token", required=True)
     parser.add_argument("--journal", choices=["memory", "sqlite"], default="memory")
     parser.add_argument("--state-dir", default="")
+    parser.add_argument("--no-metrics", action="store_true")
     args = parser.parse_args()
-    trio.run(main, args.workspace, args.token, args.journal, args.state_dir)
+    trio.run(main, args.workspace, args.token, args.journal, args.state_dir, not args.no_metrics)

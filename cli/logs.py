@@ -1,7 +1,13 @@
 """Logging for `toolwire serve`: text for people, JSON lines for log pipelines.
 
-Every record that concerns a call carries `chat_id` and `call_id` (passed as `extra=`), so one
-call's story can be pulled out of the log with a single filter.
+A JSON line is one object: `time` (UTC, ISO 8601 with milliseconds), `level`, `event` (what
+happened, a fixed phrase such as "call ended" or "connection opened"), `logger`, then the
+record's fields: `chat_id`, `call_id`, `tool`, `outcome`, `wall_ms`, `rid`, `code`, `peer`,
+`subprotocol`, ... where they apply. Records that concern a call carry `chat_id` and `call_id`
+(passed as `extra=`), so one call's story is one filter away.
+
+What is logged is chosen where it is logged (`actors/observe.py`, `transport/access_log.py`):
+never a token, never args, file contents or command output.
 """
 
 from __future__ import annotations
@@ -10,9 +16,9 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -31,18 +37,34 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def iso_time(created: float) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+    return f"{seconds}.{int(created % 1 * 1000):03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": round(record.created, 3),
+            "time": iso_time(record.created),
             "level": record.levelname.lower(),
+            "event": record.getMessage(),
             "logger": record.name,
-            "msg": record.getMessage(),
-            **_extras(record),
         }
+        for key, value in _extras(record).items():
+            entry.setdefault(key, value)  # a field never overwrites time, level or event
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        # One line per record, whatever the values hold (json escapes newlines).
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def default_log_format(stream: TextIO) -> str:
+    """Text for a person at a terminal; JSON for systemd's journal, a container runtime or a
+    file, which feed log pipelines."""
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
 
 
 def setup_logging(fmt: str, level: int = logging.INFO) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -32,7 +33,28 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--tls-cert", type=Path, default=None)
     serve.add_argument("--tls-key", type=Path, default=None)
-    serve.add_argument("--log-format", choices=["text", "json"], default="text")
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="text for people, json (one object per line) for log pipelines; default: text "
+        "when stderr is a terminal, else json",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="info (default) logs every call's end and every error sent; warning keeps only "
+        "warnings and failures",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let WebSocket handshakes from this exact browser origin through (repeatable; "
+        "e.g. https://ide.example.com); every other handshake with an Origin gets 403",
+    )
     serve.add_argument(
         "--approve",
         default="",
@@ -104,10 +126,19 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
-        from toolwire.cli.logs import setup_logging
+        from toolwire.cli.logs import default_log_format, setup_logging
         from toolwire.cli.serve import ServeOptions, serve
+        from toolwire.transport.access_control import BadOrigin, check_allowed_origin
 
-        setup_logging(args.log_format)
+        try:
+            origins = frozenset(check_allowed_origin(o) for o in args.allow_origin)
+        except BadOrigin as exc:
+            print(f"toolwire serve: --allow-origin: {exc}", file=sys.stderr)
+            return 2
+        setup_logging(
+            args.log_format or default_log_format(sys.stderr),
+            getattr(logging, args.log_level.upper()),
+        )
         approve = frozenset(t.strip() for t in args.approve.split(",") if t.strip())
         timeout = args.approval_timeout_s
         if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
@@ -134,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             approve=approve,
             approval_timeout_s=args.approval_timeout_s,
             journal=args.journal,
+            allowed_origins=origins,
         )
         from toolwire.actors.journal import JournalError
 

@@ -8,7 +8,7 @@ import os
 import secrets
 import signal
 import ssl
-import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ class ServeOptions:
     approve: frozenset[str] = frozenset()
     approval_timeout_s: float | None = None
     journal: str = "sqlite"
+    allowed_origins: frozenset[str] = frozenset()
 
 
 def default_state_dir() -> Path:
@@ -100,16 +101,15 @@ async def serve(options: ServeOptions) -> None:
     if not workspace.is_dir():
         raise SystemExit(f"toolwire: workspace {workspace} is not a directory")
     if token is None:
-        print(
-            "toolwire: WARNING: authentication is DISABLED (--insecure-no-auth); anyone who can "
-            "reach this port can run commands as this user",
-            file=sys.stderr,
+        log.warning(
+            "authentication is DISABLED (--insecure-no-auth); anyone who can reach this port "
+            "can run commands as this user"
         )
     if tls is None and not is_loopback(options.host):
-        print(
-            f"toolwire: WARNING: listening on {options.host} without TLS; the token and every "
-            "command travel in clear text. Use --tls-cert/--tls-key or bind 127.0.0.1.",
-            file=sys.stderr,
+        log.warning(
+            "listening without TLS on a non-loopback address; the token and every command "
+            "travel in clear text. Use --tls-cert/--tls-key or bind 127.0.0.1.",
+            extra={"host": options.host},
         )
     # A corrupt or unreadable journal raises JournalError here: the agent stops and says which
     # file, rather than starting empty and running again what already ran.
@@ -120,27 +120,46 @@ async def serve(options: ServeOptions) -> None:
         approval_timeout_s=options.approval_timeout_s,
         journal=journal,
     )
+    agent = Agent(ctx)
+    server = Server(
+        agent,
+        ServerConfig(
+            host=options.host,
+            port=options.port,
+            token=token,
+            ssl_context=tls,
+            allowed_origins=options.allowed_origins,
+        ),
+    )
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            agent = await nursery.start(Agent(ctx).run)
-            server = Server(
-                agent,
-                ServerConfig(host=options.host, port=options.port, token=token, ssl_context=tls),
-            )
+            # The port opens before recovery, so probes see the truth while a large journal is
+            # rebuilt: /healthz 200, /readyz 503, WebSocket handshakes 503 until the agent is
+            # ready (PROTOCOL.md 9.7). A signal meanwhile stops the start.
             port = await nursery.start(server.serve)
+            nursery.start_soon(_stop_on_signal, signals, server, nursery.cancel_scope)
+            # Where the token came from (a file path or the variable), never the token itself.
+            log.info("token", extra={"token_source": token_source})
+            log.info("workspace", extra={"workspace": str(workspace)})
+            log.info("port open; recovering the journal", extra={"port": port})
+            await nursery.start(agent.run)
             scheme = "wss" if tls else "ws"
-            print(f"toolwire: token {token_source}", file=sys.stderr)
-            print(f"toolwire: workspace {workspace}", file=sys.stderr)
             where = getattr(journal, "path", None)
-            print(
-                f"toolwire: journal {options.journal}"
+            log.info(
+                f"journal {options.journal}"
                 + (f" at {where}, {agent.recovered} records recovered" if where else ""),
-                file=sys.stderr,
+                extra={"recovered": agent.recovered},
             )
+            log.info("ready", extra={"port": port})
             print(f"toolwire listening on {scheme}://{options.host}:{port}/v1", flush=True)
-            async for signum in signals:
-                log.info("received %s; shutting down", signal.Signals(signum).name)
-                with trio.move_on_after(4.0):
-                    await server.shutdown(SHUTDOWN_KILL_GRACE_S)
-                nursery.cancel_scope.cancel()
-                break
+
+
+async def _stop_on_signal(
+    signals: AsyncIterator[int], server: Server, scope: trio.CancelScope
+) -> None:
+    async for signum in signals:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        with trio.move_on_after(4.0):
+            await server.shutdown(SHUTDOWN_KILL_GRACE_S)
+        scope.cancel()
+        return

@@ -955,7 +955,7 @@ def _capture_serve(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         captured.append(options)
 
     monkeypatch.setattr(serve, "serve", fake_serve)
-    monkeypatch.setattr(logs, "setup_logging", lambda _format: None)
+    monkeypatch.setattr(logs, "setup_logging", lambda *_args: None)
     return captured
 
 

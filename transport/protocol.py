@@ -37,6 +37,11 @@ ErrorCode = Literal[
 ]
 
 
+# The 1.1 features of PROTOCOL.md 9 this agent implements, sent in `welcome.features`.
+# `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
+FEATURES = ("http_status",)
+
+
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
     rid: Rid = None
 
@@ -157,6 +162,8 @@ class Welcome(_AgentMessage, tag="welcome"):
     encoding: Literal["json", "msgpack"]
     tools: list[str]
     limits: Limits
+    # What this agent supports of the 1.1 additions (PROTOCOL.md 9); a client checks it first.
+    features: list[str] = msgspec.field(default_factory=list)
 
 
 class Accepted(_AgentMessage, tag="accepted"):

@@ -100,6 +100,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "exited_retention_s": 3600,
             "max_processes_per_chat": 64,
         },
+        "features": ["http_status"],
     },
     "accepted": {
         "type": "accepted",
@@ -209,6 +210,10 @@ def _render_type(t: mi.Type) -> str:
     return type(t).__name__
 
 
+def _default(f: mi.Field) -> Any:
+    return f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+
+
 def _table(cls: type[msgspec.Struct]) -> list[str]:
     info = mi.type_info(cls)
     assert isinstance(info, mi.StructType)
@@ -216,7 +221,7 @@ def _table(cls: type[msgspec.Struct]) -> list[str]:
     if info.tag_field is not None:
         lines.append(f"| `{info.tag_field}` | {json.dumps(info.tag)} | yes |")
     for f in info.fields:
-        required = "yes" if f.required else f"no (default `{json.dumps(f.default)}`)"
+        required = "yes" if f.required else f"no (default `{json.dumps(_default(f))}`)"
         lines.append(f"| `{f.encode_name}` | {_render_type(f.type)} | {required} |")
     return lines
 

@@ -28,10 +28,12 @@ from toolwire.actors.agent import Agent
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
 from toolwire.actors.results import Result, ToolwireError
-from toolwire.transport import frames, protocol
+from toolwire.transport import access_control, access_log, frames, http_status, protocol
 from toolwire.transport.buffered import WriteBufferedStream
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
 from toolwire.transport.connection import DirectConnection, open_server_connection
+from toolwire.transport.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from toolwire.transport.metrics import MetricsPage
 
 log = logging.getLogger("toolwire.server")
 
@@ -70,6 +72,9 @@ class ServerConfig:
     ping_interval_s: float = PING_INTERVAL_S
     # None: two ping intervals ("misses two pongs"). Tests that ping very often set it apart.
     pong_timeout_s: float | None = None
+    # Origins whose WebSocket handshakes are let through (--allow-origin); any other handshake
+    # carrying an Origin header is a browser's and gets 403 (PROTOCOL.md 9.8).
+    allowed_origins: frozenset[str] = frozenset()
 
 
 class Server:
@@ -81,6 +86,7 @@ class Server:
         self._listen_scope: trio.CancelScope | None = None
         self._connections: trio.Nursery | None = None
         self._closing = False
+        self._metrics_page = MetricsPage(agent, lambda: len(self._sessions))
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until shutdown() or cancellation; reports the bound port through `start`."""
@@ -105,18 +111,39 @@ class Server:
         if self._connections is not None:
             self._connections.cancel_scope.cancel()
 
+    # StatusSource: what /readyz and /metrics report (transport/http_status.py).
+
+    def readiness(self) -> str | None:
+        if self._closing:
+            return "the agent is shutting down"
+        if not self.agent.ready:
+            return "the agent is recovering its journal"
+        return None
+
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        return self.config.token is None or self._authorized(headers)
+
+    def metrics(self) -> tuple[bytes, str]:
+        return self._metrics_page.render(), METRICS_CONTENT_TYPE
+
     async def _handle(self, stream: trio.abc.Stream) -> None:
         if self.config.ssl_context is not None:
             stream = trio.SSLStream(stream, self.config.ssl_context, server_side=True)
         buffered = WriteBufferedStream(stream)
+        peer = access_log.peer_of(stream)
+        deadline = trio.current_time() + HANDSHAKE_TIMEOUT_S
         try:
+            # Plain HTTP (probes, scrapes) is answered before trio-websocket sees the bytes.
+            ws_stream = await self._plain_http_or_replay(stream, buffered, peer, deadline)
+            if ws_stream is None:
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(buffered.flusher)
                 ws: DirectConnection | None = None
-                with trio.move_on_after(HANDSHAKE_TIMEOUT_S):
+                with trio.move_on_at(deadline):
                     connection, request = await open_server_connection(
                         nursery,
-                        buffered,
+                        ws_stream,
                         max_message_bytes=self.agent.ctx.limits.max_message_bytes,
                         receive_buffer_size=RECEIVE_BUFFER_BYTES,
                     )
@@ -125,11 +152,13 @@ class Server:
                 if ws is not None:
                     session = Session(self, ws, buffered)
                     self._sessions.add(session)
+                    access_log.opened(session.id, peer, ws.subprotocol)
                     try:
                         await session.run()
                     finally:
                         self._sessions.discard(session)
                         await session.close(1000, "")
+                        access_log.closed(session.id, peer, ws.subprotocol, ws.closed)
                 # Flush what is still buffered (a rejection response, a close frame) before
                 # the flusher is cancelled with the rest of this connection's tasks.
                 with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
@@ -145,14 +174,49 @@ class Server:
         finally:
             await trio.aclose_forcefully(buffered)
 
+    async def _plain_http_or_replay(
+        self,
+        stream: trio.abc.Stream,
+        buffered: WriteBufferedStream,
+        peer: str,
+        deadline: float,
+    ) -> trio.abc.Stream | None:
+        """Answer a plain HTTP request (None: done), or return the stream the WebSocket
+        handshake reads: `buffered`, with the bytes read here served first."""
+        head = None
+        with trio.move_on_at(deadline):
+            head = await http_status.read_head(stream)
+        if head is None:
+            return None  # closed, or too slow to send a request head
+        if head.request is not None and not http_status.is_websocket_upgrade(head.request):
+            code, path = await http_status.answer(stream, head, self)
+            access_log.plain_request(peer, head.request.method, path, code)
+            with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
+                await stream.aclose()
+            return None
+        return http_status.ReplayStream(buffered, head.raw)
+
     async def _handshake(self, request: WebSocketRequest) -> bool:
         """Accept the upgrade, or reject it with the status PROTOCOL.md 1 names (False)."""
         path = request.path.split("?", 1)[0]
         if path != WS_PATH:
             await request.reject(404, body=f"no such path; use {WS_PATH}\n".encode())
             return False
-        if self._closing:
-            await request.reject(503, body=b"agent shutting down\n")
+        # Before auth and also without it: a browser page must never reach the agent (9.8).
+        origin = access_control.refused_origin(request.headers, self.config.allowed_origins)
+        if origin is not None:
+            access_log.origin_refused(origin)
+            await request.reject(
+                403,
+                body=b"WebSocket handshakes from browsers are refused; see --allow-origin\n",
+            )
+            return False
+        why_not = self.readiness()
+        if why_not is not None:
+            # 503 with Retry-After: the client's reconnect loop comes back once recovery ended.
+            await request.reject(
+                503, extra_headers=[(b"Retry-After", b"1")], body=f"{why_not}\n".encode()
+            )
             return False
         if self.config.token is not None and not self._authorized(request.headers):
             await request.reject(
@@ -267,6 +331,7 @@ class Session:
             encoding=self.codec.encoding,
             tools=self.agent.tools,
             limits=protocol.Limits(**limits),
+            features=list(protocol.FEATURES),
         )
         try:
             await self.ws.send_message(self.codec.encode(welcome))
@@ -338,7 +403,7 @@ class Session:
         try:
             message = self.codec.decode(frame)
         except MessageError as exc:
-            self.outbox.put(events.ErrorEvent("bad_message", exc.message, **exc.envelope))
+            self._send_error(events.ErrorEvent("bad_message", exc.message, **exc.envelope))
             return
         rid = message.rid
         chat_id = getattr(message, "chat_id", None)
@@ -346,14 +411,24 @@ class Session:
         try:
             self._handlers[type(message)](message)
         except ToolwireError as exc:
-            self.outbox.put(events.ErrorEvent(exc.code, exc.message, rid, chat_id, call_id))
+            self._send_error(events.ErrorEvent(exc.code, exc.message, rid, chat_id, call_id))
         except Exception:
             log.exception("request failed inside the agent", extra={"chat_id": chat_id})
-            self.outbox.put(
+            self._send_error(
                 events.ErrorEvent(
                     "internal", "the agent failed to handle this request", rid, chat_id, call_id
                 )
             )
+
+    def _send_error(self, error: events.ErrorEvent) -> None:
+        """Queue an `error` reply, counted (`toolwire_errors_total`) and logged."""
+        metrics = self.agent.ctx.metrics
+        if metrics is not None:
+            metrics.error_sent(error.code)
+        access_log.error_sent(
+            self.id, error.code, error.message, error.rid, error.chat_id, error.call_id
+        )
+        self.outbox.put(error)
 
     def _on_call(self, m: protocol.Call) -> None:
         spec = CallSpec(m.call_id, m.tool, m.args, m.timeout_ms, m.background, m.approval)

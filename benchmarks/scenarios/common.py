@@ -71,6 +71,7 @@ class Servers:
 def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     """Start the named servers as subprocesses (sharing one workspace and token); stop them
     after. `echo`: raw trio-websocket echo; `toolwire`: the agent, memory journal;
+    `toolwire-nometrics`: the same with the operator's counters off (`/metrics` cost baseline);
     `toolwire-sqlite`: the agent with the SQLite journal of `toolwire serve` (a state dir of its
     own); `http`: the request/response baseline on the same actors."""
     token = secrets.token_urlsafe(24)
@@ -78,6 +79,10 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     modules = {
         "echo": ("toolwire.benchmarks.echo_server", []),
         "toolwire": ("toolwire.benchmarks.toolwire_server", [f"--workspace={workspace}"]),
+        "toolwire-nometrics": (
+            "toolwire.benchmarks.toolwire_server",
+            [f"--workspace={workspace}", "--no-metrics"],
+        ),
         "toolwire-sqlite": (
             "toolwire.benchmarks.toolwire_server",
             [

@@ -4,7 +4,9 @@ Both servers run in their own processes; this process is the client. The echo se
 200-byte messages over one connection, one at a time (ping-pong) and pipelined with a window of
 64 in flight; toolwire answers trivial calls (`read_file` of a 300-byte file, `stream: false`)
 over one connection, pipelined with the same window of 64 and one at a time. A toolwire call is
-at least three messages (`call`, `accepted`, `result`), an echo is two.
+at least three messages (`call`, `accepted`, `result`), an echo is two. The pipelined JSON calls
+also run against a second agent with its operator's counters off (`--no-metrics`): what
+counting for `/metrics` costs the hot path.
 """
 
 from __future__ import annotations
@@ -47,9 +49,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
         "toolwire_pipelined_msgpack", "toolwire calls, pipelined, msgpack", "calls/s"
     )
     m_one = res.measurement("toolwire_single", "toolwire calls, one at a time", "calls/s")
+    m_off = res.measurement(
+        "toolwire_pipelined_nometrics",
+        "toolwire calls, pipelined (window 64), metrics off",
+        "calls/s",
+    )
     payload = "x" * MESSAGE_BYTES
 
-    with servers(ctx, "echo", "toolwire") as srv:
+    with servers(ctx, "echo", "toolwire", "toolwire-nometrics") as srv:
         echo, tw = srv["echo"], srv["toolwire"]
 
         def echo_pipelined(r: int) -> None:
@@ -70,7 +77,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
             timed_ws(echo, body).record(m_pong)
 
-        def toolwire_pipelined(r: int, encoding: str = "json") -> None:
+        def toolwire_pipelined(r: int, encoding: str = "json", metrics: bool = True) -> None:
             codec = Codec(encoding)
             chat = f"transport-{encoding}-{r}"
             frames = [
@@ -81,13 +88,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 codec.call(chat, f"w{i}", "read_file", TRIVIAL_ARGS, stream=False)
                 for i in range(min(n_calls, 500))
             ]
+            measurement = m_tw if encoding == "json" else m_twmp
             timed_ws(
-                tw,
+                tw if metrics else srv["toolwire-nometrics"],
                 lambda c: pipelined_calls(c, codec, frames, WINDOW),
                 token=srv.token,
                 subprotocol=codec.subprotocol,
                 warmup=lambda c: pipelined_calls(c, codec, warm, WINDOW),
-            ).record(m_tw if encoding == "json" else m_twmp)
+            ).record(measurement if metrics else m_off)
 
         def toolwire_single(r: int) -> None:
             codec = Codec("json")
@@ -109,6 +117,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
             echo_pipelined,
             echo_pingpong,
             toolwire_pipelined,
+            # Right after its metrics-on twin: the pair meets the same machine load.
+            lambda r: toolwire_pipelined(r, metrics=False),
             lambda r: toolwire_pipelined(r, "msgpack"),
             toolwire_single,
         ]
@@ -130,6 +140,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "trivial calls one at a time vs raw echo ping-pong",
             "toolwire_single",
             "echo_pingpong",
+        ),
+        Comparison(
+            "trivial calls (pipelined, JSON), metrics on vs off",
+            "toolwire_pipelined",
+            "toolwire_pipelined_nometrics",
+            goal=Goal("ratio>=", 0.97, ">= 0.97x metrics off"),
         ),
     ]
     return res
