@@ -15,7 +15,9 @@ check if the check were not under the same lock as the rename.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import sys
 import threading
 from collections import Counter
@@ -628,3 +630,21 @@ async def test_server_eight_writers_from_four_chats_one_digest_one_winner(
             assert m["outcome"] == "failed"
             assert m["text"] == changed_text("shared.txt", seen, sha(won.encode()))
             assert m["data"]["actual_sha256"] == sha(won.encode())
+
+
+def test_the_published_schema_has_expected_sha256_as_the_agent_checks_it() -> None:
+    schema = json.loads(
+        (Path(__file__).parent.parent / "docs" / "protocol.schema.json").read_text()
+    )
+    defs = schema["$defs"]
+    write_ref = defs["ToolArgs"]["properties"]["write_file"]["$ref"]
+    write_args = defs[write_ref.rsplit("/", 1)[1]]
+    [digest] = [s for s in write_args["properties"]["expected_sha256"]["anyOf"] if "pattern" in s]
+    edit_entry = defs["FileEdits"]["properties"]["expected_sha256"]["anyOf"]
+    assert digest in edit_entry
+    # JSON Schema patterns are ECMA-262 regexes, where `^...$` spans the whole string (Python's
+    # `$` would also match before a final newline): fullmatch is the faithful reading.
+    for bad in BAD_DIGESTS:
+        assert re.fullmatch(digest["pattern"], bad) is None, bad
+    for good in ("absent", sha(b""), sha(b"").upper()):
+        assert re.fullmatch(digest["pattern"], good) is not None
