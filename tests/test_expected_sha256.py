@@ -330,7 +330,11 @@ def run_at_once(jobs: list[Any]) -> list[ToolReport]:
 
 
 WRITERS = 8
-RACE_ROUNDS = 10
+# Rounds of the race: a check outside the rename's lock loses it in every round, but a check
+# under one hold of the lock and the rename under a second hold loses it only when another
+# writer slips in between the two (a few bytecodes); 200 rounds (about 2 s) catch that too in
+# most runs.
+RACE_ROUNDS = 200
 
 
 def test_writers_racing_on_one_digest_exactly_one_wins(ws: Path) -> None:
