@@ -185,8 +185,16 @@ class Agent:
     def cancel(self, outbox: Outbox, chat_id: str, call_ids: list[str], rid: Any) -> None:
         self.chat(chat_id).cancel(outbox, call_ids, rid)
 
-    def approve(self, outbox: Outbox, chat_id: str, call_id: str, approved: bool, rid: Any) -> None:
-        self.chat(chat_id).approve(outbox, call_id, approved, rid)
+    def approve(
+        self,
+        outbox: Outbox,
+        chat_id: str,
+        call_id: str,
+        approved: bool,
+        rid: Any,
+        reason: str | None = None,
+    ) -> None:
+        self.chat(chat_id).approve(outbox, call_id, approved, rid, reason)
 
     def turn(
         self,

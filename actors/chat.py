@@ -55,11 +55,11 @@ from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.result_lane import ResultLane, saved_result
 from toolwire.actors.results import (
     TEXT_CANCELED_BEFORE_RUN,
-    TEXT_DENIED,
     Outcome,
     Result,
     ToolReport,
     ToolwireError,
+    text_denied,
 )
 from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 from toolwire.actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
@@ -216,7 +216,9 @@ class ChatActor:
             sub.active = False
             self._maybe_close_output(record)
 
-    def approve(self, outbox: Outbox, call_id: str, approved: bool, rid: Any) -> None:
+    def approve(
+        self, outbox: Outbox, call_id: str, approved: bool, rid: Any, reason: str | None = None
+    ) -> None:
         record = self.records.get(call_id)
         if record is None:
             raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
@@ -237,7 +239,8 @@ class ChatActor:
             self.records.unpark(record)
             self._launch(record)
         else:
-            self._finish(record, self._plain_result(record, Outcome.DENIED, TEXT_DENIED))
+            denied = text_denied(reason)
+            self._finish(record, self._plain_result(record, Outcome.DENIED, denied))
 
     def cancel(self, outbox: Outbox, call_ids: list[str], rid: Any) -> None:
         for call_id in call_ids:

@@ -31,6 +31,14 @@ TEXT_AGENT_FAILURE = "tool call failed inside the agent; its outcome is unknown"
 TEXT_AGENT_RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
 
 
+def text_denied(reason: str | None) -> str:
+    """PROTOCOL.md 9.5: a denial that says why; without a reason (or a blank one), section 7's
+    text. The reason goes to the model as given."""
+    if reason is None or not reason.strip():
+        return TEXT_DENIED
+    return f"tool call was denied: {reason}; no changes were made"
+
+
 def text_timed_out(timeout_ms: int) -> str:
     return f"tool call timed out after {timeout_ms} ms; the process is still running"
 

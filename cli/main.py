@@ -8,6 +8,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -231,7 +232,29 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 def schema_text() -> str:
     from toolwire.transport.codec import json_schema
 
-    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    return json.dumps(_with_tool_args(json_schema()), indent=2, sort_keys=True) + "\n"
+
+
+def _with_tool_args(schema: dict[str, Any]) -> dict[str, Any]:
+    """Add the args of every tool: a `call`'s `args` is any object on the wire (the agent checks
+    it against the tool it names and answers `bad_args`), so the messages alone do not say what
+    a tool accepts. `$defs.ToolArgs` maps each tool name to the schema of its args."""
+    import msgspec
+
+    from toolwire.actors.tools.registry import TOOLS
+
+    refs, components = msgspec.json.schema_components(
+        [tool.args_type for tool in TOOLS.values()], ref_template="#/$defs/{name}"
+    )
+    clash = set(components) & set(schema["$defs"])
+    assert not clash, f"tool args and messages share schema names: {sorted(clash)}"
+    schema["$defs"].update(components)
+    schema["$defs"]["ToolArgs"] = {
+        "description": "The `args` of a `call` (or a turn's call), by the tool it names.",
+        "type": "object",
+        "properties": dict(zip(TOOLS, refs, strict=True)),
+    }
+    return schema
 
 
 def _tool_names() -> list[str]:

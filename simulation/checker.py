@@ -26,11 +26,16 @@ g  no connection receives an event of a chat (or call) it never named;
 i  interrupts: one `interrupted` per request, after the requester's results and turn results
    of what it ended; no call named before an interrupt has an effect after it;
 k  cancels: one `cancel_result` per call id per request, with the call's one result;
-l  liveness: every orchestrator finished, no request left unanswered at the end.
+l  liveness: every orchestrator finished, no request left unanswered at the end;
+w  no write lost on the files read-modify-write cycles share: every write that took place
+   expected (expected_sha256) exactly the bytes the file held, and every completed write's
+   bytes are the file's final content or were expected by a write after it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +99,11 @@ class Checker:
         approval_timeout_s: float | None,
         end_time: float,
         stuck: list[str],
+        shared_files: dict[str, bytes] | None = None,
     ) -> None:
         self.entries = entries
+        # The files read-modify-write cycles share, with their initial bytes: invariant (w).
+        self.shared_files = shared_files or {}
         self.calls = calls
         self.processes = processes
         self.workspace = workspace
@@ -602,10 +610,70 @@ class Checker:
                             pidx,
                         )
 
+        # -- (w) no write lost -----------------------------------------------------------------
+        for path, initial in sorted(self.shared_files.items()):
+            self._no_lost_write(path, initial, canonical, effects)
+
         # -- (l) liveness ----------------------------------------------------------------------
         for text in self.stuck:
             fail("l.stuck", text)
         return self.violations
+
+    def _no_lost_write(
+        self,
+        path: str,
+        initial: bytes,
+        canonical: dict[Key, tuple[Result, int]],
+        effects: dict[Key, list[tuple[int, float, int, str]]],
+    ) -> None:
+        """(w) on one shared file. Replays every write that took place (the ledger), in the
+        order it took place, from the file's initial bytes: each must have expected exactly
+        what the file held then, and the replay must end at the bytes on disk. Then the
+        promise itself: every completed write's bytes are the file's final content, or some
+        write that took place expected them (it had read them)."""
+        writes = {
+            key: plan
+            for key, plan in self.calls.items()
+            if plan.shared_path == path and plan.tool in ("write_file", "edit_files")
+        }
+        took_place = sorted(
+            (eidx, key) for key, plan in writes.items() for eidx, *_ in effects.get(key, [])
+        )
+        content = initial
+        expected_by_writes: set[str] = set()
+        for eidx, key in took_place:
+            plan = writes[key]
+            expected = _expected_sha256(plan)
+            expected_by_writes.add(expected)
+            if expected != _sha256(content):
+                self.fail(
+                    "w.stale_write",
+                    f"{path}: {chat_label(key[0])}/{short(key[1])} wrote expecting "
+                    f"{expected[:12]} while the file held {_sha256(content)[:12]}",
+                    eidx,
+                )
+            content = _apply_write(plan, content)
+        on_disk = _read(os.path.join(self.workspace, path))
+        if on_disk != content:
+            self.fail(
+                "w.final_content",
+                f"{path}: holds {_sha256(on_disk or b'')[:12]} on disk, the writes that took "
+                f"place leave {_sha256(content)[:12]}",
+            )
+        final = _sha256(on_disk) if on_disk is not None else None
+        for key in writes:
+            seen = canonical.get(key)
+            if seen is None or seen[0].outcome.value != "completed":
+                continue
+            written = _written_sha256(seen[0])
+            if written != final and written not in expected_by_writes:
+                self.fail(
+                    "w.lost_write",
+                    f"{path}: the completed write {chat_label(key[0])}/{short(key[1])} left "
+                    f"{(written or '?')[:12]}, which is neither the final content nor what a "
+                    "later write expected",
+                    seen[1],
+                )
 
     # -----------------------------------------------------------------------------------------
 
@@ -872,6 +940,41 @@ class Checker:
             )
 
 
+def _sha256(data: bytes | None) -> str:
+    return hashlib.sha256(data or b"").hexdigest()
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _expected_sha256(plan: CallPlan) -> str:
+    if plan.tool == "write_file":
+        return str(plan.args["expected_sha256"])
+    entries: list[dict[str, Any]] = plan.args["files"]  # type: ignore[assignment]
+    return str(entries[0]["expected_sha256"])
+
+
+def _apply_write(plan: CallPlan, content: bytes) -> bytes:
+    """The bytes a read-modify-write step leaves, applied to `content` as the tool does."""
+    if plan.tool == "write_file":
+        return str(plan.args["content"]).encode()
+    entries: list[dict[str, Any]] = plan.args["files"]  # type: ignore[assignment]
+    edit = entries[0]["edits"][0]
+    return content.decode().replace(edit["old"], edit["new"], 1).encode()
+
+
+def _written_sha256(result: Result) -> str | None:
+    data = result.data or {}
+    if "files" in data:
+        return str(data["files"][0]["sha256"])
+    return str(data["sha256"]) if "sha256" in data else None
+
+
 def check(
     entries: list[tuple[Any, ...]],
     *,
@@ -881,6 +984,7 @@ def check(
     approval_timeout_s: float | None,
     end_time: float,
     stuck: list[str],
+    shared_files: dict[str, bytes] | None = None,
 ) -> list[Violation]:
     return Checker(
         entries,
@@ -890,4 +994,5 @@ def check(
         approval_timeout_s=approval_timeout_s,
         end_time=end_time,
         stuck=stuck,
+        shared_files=shared_files,
     ).run()

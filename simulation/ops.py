@@ -45,6 +45,7 @@ class Program:
     duplicate_share: float = 0.0
     faults: tuple[Fault, ...] = ()
     moves: tuple[Move, ...] = ()
+    rmw_cycles: float = 0.0  # read-modify-write cycles per chat (mean), on the shared files
 
 
 def plan_for(program: Program) -> Plan:
@@ -60,6 +61,7 @@ def plan_for(program: Program) -> Plan:
         gated_share=program.gated_share,
         duplicate_share=program.duplicate_share,
         policy_share=0.0,
+        rmw_cycles=program.rmw_cycles,
     )
     plan = make_plan(program.seed, scenario)
     plan.faults = sorted((f.at, f.kind) for f in program.faults)

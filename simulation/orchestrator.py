@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from toolwire.actors import events
-from toolwire.actors.results import Result
-from toolwire.simulation.scenario import CallPlan, ChatPlan, MessagePlan
+from toolwire.actors.results import Outcome, Result
+from toolwire.simulation.scenario import CallPlan, ChatPlan, MessagePlan, RmwPlan, rmw_token
 from toolwire.simulation.trace import (
     NOTE,
     ApproveReq,
@@ -31,6 +31,7 @@ from toolwire.simulation.trace import (
     TurnReq,
 )
 from toolwire.simulation.world import Conn, Inbox, Reroute, World
+from toolwire.transport.ids import tool_call_ids
 
 # Requests a flaky network may deliver twice (a client that retransmits a frame).
 _DUPLICABLE = (CallReq, AttachReq, CancelReq, ApproveReq, TurnReq)
@@ -125,9 +126,75 @@ class ChatDriver:
     async def run(self) -> None:
         await self._connect()
         for message in self.chat.messages:
-            await self._run_message(message)
+            if message.rmw is not None:
+                await self._run_rmw(message, message.rmw)
+            else:
+                await self._run_message(message)
             self.done_messages += 1
         self.state = None
+
+    # -- read-modify-write cycles --------------------------------------------------------------
+
+    async def _run_rmw(self, plan: MessagePlan, rmw: RmwPlan) -> None:
+        """Read the shared file, write it back expecting the digest read; when the write fails
+        because the file changed meanwhile, start over, up to `rmw.attempts` times. Each step
+        is a one-call message: retried, attached, handed over and approved like any other."""
+        moves = list(plan.moves)  # the first write of the cycle gets the planned moves
+        for attempt in range(rmw.attempts):
+            read = self._rmw_call(plan, attempt, "r", "read_file", {"path": rmw.path})
+            result = await self._run_step(plan, read, [])
+            if result is None or result.outcome is not Outcome.COMPLETED or not result.data:
+                continue  # interrupted by a crash (unknown) or a cancel: read again
+            digest, content = str(result.data["sha256"]), str(result.data["content"])
+            token = rmw_token(self.chat.index, plan.message_id, attempt, "w")
+            args: dict[str, object]
+            if rmw.tool == "write_file":
+                new = f"{token}\n{content}"
+                args = {"path": rmw.path, "content": new, "expected_sha256": digest}
+            else:
+                first = content.split("\n", 1)[0]
+                edit = {"old": first, "new": f"{token}\n{first}"}
+                args = {"files": [{"path": rmw.path, "edits": [edit], "expected_sha256": digest}]}
+            write = self._rmw_call(plan, attempt, "w", rmw.tool, args)
+            result = await self._run_step(plan, write, moves)
+            moves = []
+            changed = (
+                result is not None
+                and result.outcome is Outcome.FAILED
+                and result.data is not None
+                and "actual_sha256" in result.data
+            )
+            if not changed:
+                return  # written, or ended some other way (denied, canceled, unknown)
+
+    def _rmw_call(
+        self, plan: MessagePlan, attempt: int, step: str, tool: str, args: dict[str, object]
+    ) -> CallPlan:
+        assert plan.rmw is not None
+        token = rmw_token(self.chat.index, plan.message_id, attempt, step)
+        provider_id = f"toolu_{token}"
+        [call_id] = tool_call_ids(
+            self.chat.chat_id, f"{plan.message_id}.{attempt}{step}", [provider_id]
+        )
+        call = CallPlan(
+            token=token,
+            provider_id=provider_id,
+            tool=tool,
+            args=args,
+            call_id=call_id,
+            gated=tool in self.world.plan.approve_tools,
+            shared_path=plan.rmw.path,
+        )
+        self.world.register_call(self.chat.chat_id, call)
+        return call
+
+    async def _run_step(
+        self, plan: MessagePlan, call: CallPlan, moves: list[tuple[float, str]]
+    ) -> Result | None:
+        step = MessagePlan(plan.message_id, "sequential", plan.stream, [call], moves=moves)
+        await self._run_message(step)
+        assert self.state is not None and call.call_id is not None
+        return self.state.results.get(call.call_id)
 
     async def _run_message(self, plan: MessagePlan) -> None:
         calls = plan.sendable

@@ -8,6 +8,7 @@ seeds.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from toolwire.actors.chat import CallSpec, ChatActor, TurnRun
@@ -70,9 +71,28 @@ class TurnMissingResult(ChatActor):
         await super()._run_turn(run)
 
 
+class WriteIgnoresExpected(ChatActor):
+    """`write_file` and `edit_files` drop `expected_sha256`: a write never checks what it
+    replaces (as if the check did not guard the rename)."""
+
+    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+        if spec.tool in ("write_file", "edit_files") and isinstance(spec.args, dict):
+            args = {k: v for k, v in spec.args.items() if k != "expected_sha256"}
+            if isinstance(args.get("files"), list):
+                args["files"] = [
+                    {k: v for k, v in entry.items() if k != "expected_sha256"}
+                    if isinstance(entry, dict)
+                    else entry
+                    for entry in args["files"]
+                ]
+            spec = replace(spec, args=args)
+        super().call(outbox, spec, stream=stream, rid=rid)
+
+
 PLANTED: dict[str, type[ChatActor]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
     "lost-output-chunk": LostOutputChunk,
     "turn-missing-result": TurnMissingResult,
+    "write-ignores-expected": WriteIgnoresExpected,
 }

@@ -16,7 +16,7 @@ from toolwire.actors.chat import ChatActor
 from toolwire.simulation.checker import check
 from toolwire.simulation.orchestrator import ChatDriver
 from toolwire.simulation.planted import PLANTED
-from toolwire.simulation.scenario import Plan, make_plan, scenario_for
+from toolwire.simulation.scenario import SHARED_FILES, Plan, make_plan, scenario_for
 from toolwire.simulation.trace import EFFECT, EV, REQ, Trace, render_lines
 from toolwire.simulation.world import (
     World,
@@ -118,6 +118,7 @@ def run_world(
             approval_timeout_s=plan.approval_timeout_s,
             end_time=end[0],
             stuck=stuck,
+            shared_files={p: plan.files[p] for p in SHARED_FILES if p in plan.files},
         )
         result.violations = [str(v) for v in violations]
         for error in stop_errors:

@@ -49,6 +49,9 @@ class Scenario:
     cancel_share: float = 0.08
     early_cancel_share: float = 0.02  # cancel of a call id before its call is sent
     horizon_s: float = 12.0  # faults strike within this much virtual time
+    # Read-modify-write cycles per chat (mean) on the files every chat shares (shared/s*.txt):
+    # read, then write with expected_sha256 = the digest read; on a changed-file failure, again.
+    rmw_cycles: float = 1.0
     # Runs whose connections go through the real WebSocket server (simulation/wire.py).
     wire_share: float = 0.1
 
@@ -111,6 +114,16 @@ SCENARIOS: dict[str, Scenario] = {
             wire_share=1.0,
         ),
         Scenario(
+            "files",
+            "many chats racing read-modify-write cycles on shared files, with drops and takeovers",
+            chats=(4, 6),
+            messages=(1, 2),
+            rmw_cycles=3.0,
+            drops=2,
+            takeover_share=0.3,
+            crashes=0.3,
+        ),
+        Scenario(
             "crashes",
             "agent crashes and restarts on the same journal, at any moment",
             crashes=2.0,
@@ -148,6 +161,8 @@ class CallPlan:
     decision_delay: float = 0.5
     script: Script | None = None
     fail: str | None = None  # "before" / "after": the file tool raises inside the agent
+    # The shared file a read-modify-write step reads or writes (its args are made at run time).
+    shared_path: str | None = None
 
     @property
     def spec(self) -> CallSpec:
@@ -158,14 +173,27 @@ class CallPlan:
 
 
 @dataclass
+class RmwPlan:
+    """A read-modify-write cycle on a shared file, as a model does it: read the file, then
+    write it back (with `write_file`, or an `edit_files` that adds a line at its top) expecting
+    the digest it read; if the file changed meanwhile, read and write again, up to `attempts`
+    times. The calls are made at run time, since a write's args depend on what was read."""
+
+    path: str  # relative to the workspace, one of SHARED_FILES
+    tool: str  # write_file / edit_files
+    attempts: int
+
+
+@dataclass
 class MessagePlan:
     message_id: str
-    mode: str  # turn / parallel / sequential
+    mode: str  # turn / parallel / sequential / rmw
     stream: bool
     calls: list[CallPlan]
     turn_id: str = ""
     # The orchestrator's own moves during this message, as (delay after the first send, what).
     moves: list[tuple[float, str]] = field(default_factory=list)
+    rmw: RmwPlan | None = None  # mode "rmw" only
 
     @property
     def sendable(self) -> list[CallPlan]:
@@ -196,6 +224,17 @@ class Plan:
 
     def calls(self) -> list[tuple[ChatPlan, MessagePlan, CallPlan]]:
         return [(c, m, k) for c in self.chats for m in c.messages for k in m.calls]
+
+
+# The files every chat's read-modify-write cycles share: few, so that cycles collide. Each
+# starts with a line no write ever adds (the edits of a cycle insert a line above the first).
+SHARED_FILES = {f"shared/s{k}.txt": f"shared s{k} start\n".encode() for k in range(2)}
+
+
+def rmw_token(chat: int, message_id: str, attempt: int, step: str) -> str:
+    """The token of one step of a cycle: unique per call, and no token is a substring of
+    another (the closing "@"), so an edit's `old` (a first line) occurs exactly once."""
+    return f"@rmw{chat}.{message_id}.{attempt}{step}@"
 
 
 _TEXT_PIECES = ("ok", "building", "warning: x", "é", "naïve", "漢字", "🙂", "done", "ünïcödé")
@@ -412,6 +451,8 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
         for _ in range(_poisson(rng, count)):
             faults.append((rng.uniform(0, s.horizon_s), kind))
     faults.sort()
+    _plan_rmw_cycles(random.Random(f"{seed}/rmw"), s, chats)
+    files.update(SHARED_FILES)
     return Plan(
         seed=seed,
         scenario=s,
@@ -424,6 +465,28 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
         files=files,
         wire=random.Random(f"{seed}/wire").random() < s.wire_share,
     )
+
+
+def _plan_rmw_cycles(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Insert each chat's read-modify-write cycles among its messages. A stream of its own, so
+    that the rest of a seed's plan is what it was before cycles existed."""
+    for chat in chats:
+        for k in range(_poisson(rng, s.rmw_cycles)):
+            message = MessagePlan(
+                message_id=f"rmw{k}",
+                mode="rmw",
+                stream=rng.random() >= s.no_stream_share,
+                calls=[],
+                rmw=RmwPlan(
+                    path=rng.choice(sorted(SHARED_FILES)),
+                    tool=rng.choice(("write_file", "edit_files")),
+                    attempts=rng.randint(2, 5),
+                ),
+            )
+            for share, move in ((s.takeover_share, "takeover"), (s.cancel_share / 2, "cancel")):
+                if rng.random() < share:
+                    message.moves.append((rng.uniform(0, 0.5), move))
+            chat.messages.insert(rng.randint(0, len(chat.messages)), message)
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

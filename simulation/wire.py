@@ -67,9 +67,17 @@ class RecordingAgent:
         self._world.applied(outbox, CancelReq(chat_id, rid, tuple(call_ids)))
         self._agent.cancel(outbox, chat_id, call_ids, rid)
 
-    def approve(self, outbox: Outbox, chat_id: str, call_id: str, approved: bool, rid: Any) -> None:
+    def approve(
+        self,
+        outbox: Outbox,
+        chat_id: str,
+        call_id: str,
+        approved: bool,
+        rid: Any,
+        reason: str | None = None,
+    ) -> None:
         self._world.applied(outbox, ApproveReq(chat_id, rid, call_id, approved))
-        self._agent.approve(outbox, chat_id, call_id, approved, rid)
+        self._agent.approve(outbox, chat_id, call_id, approved, rid, reason)
 
     def turn(
         self,

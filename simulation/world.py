@@ -584,6 +584,13 @@ class World:
         self.processes.setdefault((chat_id, call_id), []).append(proc)
         self.trace.add(EFFECT, self.now(), self.gen, chat_id, call_id, "spawn")
 
+    def register_call(self, chat_id: str, call: CallPlan) -> None:
+        """A call a driver made at run time (a read-modify-write step): known to the ledger and
+        the checker like a planned one."""
+        assert call.call_id is not None
+        self.calls[(chat_id, call.call_id)] = call
+        self.owners[call.token] = (chat_id, call.call_id, call)
+
     def file_effect(self, what: str, token: str, run: Callable[[], ToolReport]) -> ToolReport:
         owner = self.owners.get(token)
         if owner is None:

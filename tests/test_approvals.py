@@ -361,6 +361,61 @@ async def test_two_gates_are_answered_each_on_its_own(live: LiveServer, first_an
                 assert await approve_expecting_error(judge, CHAT, call_id) == "not_parked"
 
 
+# --- a denial that says why (PROTOCOL.md 9.5) -----------------------------------------------------
+
+
+def denied_because(reason: str) -> str:
+    """PROTOCOL.md 9.10's text, built from its definition rather than from the code's."""
+    return f"tool call was denied: {reason}; no changes were made"
+
+
+async def test_a_denial_with_a_reason_tells_the_model_why(live: LiveServer) -> None:
+    reason = "do not touch the production database; use the staging one"
+    with trio.fail_after(DEADLINE_S):
+        async with live.connect() as caller, live.connect(encoding="msgpack") as judge:
+            await caller.send(marked_execute(CHAT, "why", approval=True))
+            await wait_for(caller, of("approval", "why"))
+            await judge.send(approve_msg(CHAT, "why", False, reason=reason))
+            result = await wait_for(caller, of("result", "why"))
+            assert (result["outcome"], result["text"]) == ("denied", denied_because(reason))
+            assert decisions(caller, "why") == ["denied"]
+            # The saved result carries the reason: a repeat gets it byte for byte.
+            await caller.send(marked_execute(CHAT, "why", approval=True))
+            await caller.recv_until(
+                lambda m: m["type"] == "result" and len(seen(caller, "why", "result")) == 2
+            )
+            first, again = seen(caller, "why", "result")
+            assert result_fields(first) == result_fields(again)
+    assert not ran(live, "why")
+
+
+@pytest.mark.parametrize("reason", [None, "", "   "])
+async def test_a_denial_without_a_reason_keeps_the_section_7_text(
+    live: LiveServer, reason: str | None
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with live.connect() as conn:
+            await conn.send(marked_write(CHAT, "plain", approval=True))
+            await wait_for(conn, of("approval", "plain"))
+            extra = {} if reason is None else {"reason": reason}
+            await conn.send(approve_msg(CHAT, "plain", False, **extra))
+            result = await wait_for(conn, of("result", "plain"))
+            assert (result["outcome"], result["text"]) == ("denied", DENIED_TEXT)
+    assert not ran(live, "plain")
+
+
+async def test_a_reason_on_an_approval_changes_nothing(live: LiveServer) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with live.connect() as conn:
+            await conn.send(marked_execute(CHAT, "yes", approval=True))
+            await wait_for(conn, of("approval", "yes"))
+            await conn.send(approve_msg(CHAT, "yes", True, reason="looks fine"))
+            result = await wait_for(conn, of("result", "yes"))
+            assert result["outcome"] == "completed"
+            assert "looks fine" not in result["text"]
+    assert ran_once(live, "yes")
+
+
 # --- ten gates, three chats, two connections (hypothesis) -----------------------------------------
 
 CHATS = ("c0", "c1", "c2")
@@ -935,7 +990,7 @@ async def test_the_client_streams_approvals_and_answers_them(live: LiveServer) -
             assert ran_once(live, "c2") and not ran(live, "c1")
             assert (await caller.approve(CHAT, "c1", False, reason="no")).decision == "denied"
             denied = await first.result()
-            assert (denied.outcome, denied.text) == ("denied", DENIED_TEXT)
+            assert (denied.outcome, denied.text) == ("denied", denied_because("no"))
             assert not ran(live, "c1")
             with pytest.raises(RequestError) as again:
                 await judge.approve(CHAT, "c1", True)

@@ -7,6 +7,7 @@ which temp file a rename moves); everything else runs against the real file syst
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import socket
 import stat
@@ -64,6 +65,10 @@ def snapshot(root: Path) -> dict[str, tuple[str, bytes | str, int]]:
             else:
                 out[rel] = ("file", p.read_bytes(), stat.S_IMODE(st_.st_mode))
     return out
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def temps(root: Path) -> list[Path]:
@@ -201,18 +206,34 @@ def test_read_whole_file(ws: Path) -> None:
     (ws / "a.txt").write_bytes(b"one\ntwo\nthree\n")
     r = read(ws, "a.txt")
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"content": "one\ntwo\nthree\n", "lines": 3, "total_lines": 3}
+    assert r.data == {
+        "content": "one\ntwo\nthree\n",
+        "lines": 3,
+        "total_lines": 3,
+        "sha256": sha(b"one\ntwo\nthree\n"),
+    }
     assert r.output == ""  # the content travels once, in data
     assert r.text == "read 3 of 3 lines of a.txt"
 
 
 def test_read_offset_and_limit(ws: Path) -> None:
-    (ws / "a.txt").write_bytes(b"".join(b"line %d\n" % i for i in range(1, 11)))
+    whole = b"".join(b"line %d\n" % i for i in range(1, 11))
+    (ws / "a.txt").write_bytes(whole)
     r = read(ws, "a.txt", offset=3, limit=4)
-    assert r.data == {"content": "line 3\nline 4\nline 5\nline 6\n", "lines": 4, "total_lines": 10}
+    assert r.data == {
+        "content": "line 3\nline 4\nline 5\nline 6\n",
+        "lines": 4,
+        "total_lines": 10,
+        "sha256": sha(whole),  # of the whole file, not of the part returned
+    }
     assert r.text == "read 4 of 10 lines of a.txt (lines 3-6)"
     r = read(ws, "a.txt", offset=9)
-    assert r.data == {"content": "line 9\nline 10\n", "lines": 2, "total_lines": 10}
+    assert r.data == {
+        "content": "line 9\nline 10\n",
+        "lines": 2,
+        "total_lines": 10,
+        "sha256": sha(whole),
+    }
 
 
 def test_read_keeps_line_endings(ws: Path) -> None:
@@ -226,6 +247,7 @@ def test_read_keeps_line_endings(ws: Path) -> None:
         "content": "b\rc\n",
         "lines": 1,
         "total_lines": 4,
+        "sha256": sha(raw),
     }
 
 
@@ -233,7 +255,7 @@ def test_read_offset_past_end_is_completed_and_empty(ws: Path) -> None:
     (ws / "a.txt").write_bytes(b"1\n2\n3\n")
     r = read(ws, "a.txt", offset=7)
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"content": "", "lines": 0, "total_lines": 3}
+    assert r.data == {"content": "", "lines": 0, "total_lines": 3, "sha256": sha(b"1\n2\n3\n")}
     assert "has 3 lines" in r.text
 
 
@@ -241,14 +263,19 @@ def test_read_empty_file(ws: Path) -> None:
     (ws / "e.txt").write_bytes(b"")
     r = read(ws, "e.txt")
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"content": "", "lines": 0, "total_lines": 0}
+    assert r.data == {"content": "", "lines": 0, "total_lines": 0, "sha256": sha(b"")}
     assert "empty" in r.text
 
 
 def test_read_caps_lines_and_names_next_offset(ws: Path) -> None:
     (ws / "big.txt").write_bytes(b"x\n" * 2500)
     r = read(ws, "big.txt")
-    assert r.data == {"content": "x\n" * READ_MAX_LINES, "lines": 2000, "total_lines": 2500}
+    assert r.data == {
+        "content": "x\n" * READ_MAX_LINES,
+        "lines": 2000,
+        "total_lines": 2500,
+        "sha256": sha(b"x\n" * 2500),  # the lines past the cap are hashed too
+    }
     assert f"stopped at {READ_MAX_LINES} lines" in r.text
     assert "offset=2001" in r.text
     r = read(ws, "big.txt", offset=2001, limit=5000)
@@ -326,7 +353,12 @@ def test_read_matches_list_slicing(text: str, offset: int | None, limit: int | N
     start = (offset or 1) - 1
     want = model[start:] if limit is None else model[start : start + limit]
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"content": "".join(want), "lines": len(want), "total_lines": len(model)}
+    assert r.data == {
+        "content": "".join(want),
+        "lines": len(want),
+        "total_lines": len(model),
+        "sha256": sha(text.encode()),
+    }
     assert r.output == ""
 
 
@@ -362,7 +394,7 @@ def test_read_file_lines_match_the_file_object_reader(data: bytes, block: int, s
             )
         fd = os.open(path, os.O_RDONLY)
         try:
-            got = _lines_or_failure(files._fd_text_lines(fd, "f", "read_file"))
+            got = _lines_or_failure(files._fd_text_lines(fd, "f", "read_file", lambda _block: None))
         finally:
             os.close(fd)
     assert got == model
@@ -391,7 +423,7 @@ def test_read_file_says_what_a_path_is_when_it_cannot_open_it(ws: Path) -> None:
 def test_write_creates_parents_and_counts_utf8_bytes(ws: Path) -> None:
     r = write(ws, "a/b/c/notes.txt", "héllo\n")
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"bytes": 7}
+    assert r.data == {"bytes": 7, "sha256": sha("héllo\n".encode())}
     assert r.text == "wrote 7 bytes to a/b/c/notes.txt"
     assert r.output == ""
     assert (ws / "a/b/c/notes.txt").read_bytes() == "héllo\n".encode()
@@ -525,7 +557,7 @@ def test_edit_applies_sequentially_and_reports(ws: Path) -> None:
     (ws / "a.py").write_text("x = 1\ny = 2\n")
     r = edit(ws, ("a.py", [Edit(old="x = 1", new="x = 10"), Edit(old="x = 10\ny", new="z")]))
     assert r.outcome is Outcome.COMPLETED
-    assert r.data == {"files": [{"path": "a.py", "replacements": 2}]}
+    assert r.data == {"files": [{"path": "a.py", "replacements": 2, "sha256": sha(b"z = 2\n")}]}
     assert r.text == "applied 2 replacements in 1 file"
     assert r.output == ""
     assert (ws / "a.py").read_text() == "z = 2\n"
@@ -558,7 +590,9 @@ def test_edit_ambiguous_old_fails(ws: Path) -> None:
 def test_edit_replace_all_replaces_every_occurrence(ws: Path) -> None:
     (ws / "b.py").write_text("pass\npass\npass\n")
     r = edit(ws, ("b.py", [Edit(old="pass", new="return", replace_all=True)]))
-    assert r.data == {"files": [{"path": "b.py", "replacements": 3}]}
+    assert r.data == {
+        "files": [{"path": "b.py", "replacements": 3, "sha256": sha(b"return\nreturn\nreturn\n")}]
+    }
     assert (ws / "b.py").read_text() == "return\nreturn\nreturn\n"
 
 
@@ -595,9 +629,9 @@ def test_edit_same_file_twice_applies_in_order(ws: Path) -> None:
     assert r.outcome is Outcome.COMPLETED, r.text
     assert r.data == {
         "files": [
-            {"path": "a.py", "replacements": 1},
-            {"path": "./a.py", "replacements": 1},
-            {"path": "link.py", "replacements": 1},
+            {"path": "a.py", "replacements": 1, "sha256": sha(b"v4\n")},
+            {"path": "./a.py", "replacements": 1, "sha256": sha(b"v4\n")},
+            {"path": "link.py", "replacements": 1, "sha256": sha(b"v4\n")},
         ]
     }
     assert r.text == "applied 3 replacements in 1 file"
@@ -688,7 +722,7 @@ def test_edit_all_or_nothing_property(
         assert on_disk == expected[0]
         assert r.data == {
             "files": [
-                {"path": p, "replacements": n}
+                {"path": p, "replacements": n, "sha256": sha(expected[0][p].encode())}
                 for (p, _), n in zip(entries, expected[1], strict=True)
             ]
         }

@@ -11,6 +11,7 @@ a cache too: tests/conftest.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -272,7 +273,12 @@ async def test_forgetting_drops_the_cached_result_and_the_row_and_the_id_runs_an
         [accepted] = [e for e in got if isinstance(e, AcceptedEvent)]
         [new] = [e for e in got if isinstance(e, ResultEvent)]
         assert accepted.replay is False
-        assert new.result.data == {"content": "other\n", "lines": 1, "total_lines": 1}
+        assert new.result.data == {
+            "content": "other\n",
+            "lines": 1,
+            "total_lines": 1,
+            "sha256": hashlib.sha256(b"other\n").hexdigest(),
+        }
         assert new.result != old.result
         nursery.cancel_scope.cancel()
 

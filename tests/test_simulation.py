@@ -69,13 +69,35 @@ def test_300_seeds_of_the_default_mix_keep_every_promise() -> None:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["calm", "retries", "takeover", "interrupts", "approvals", "crashes", "wire"]
+    "scenario",
+    ["calm", "retries", "takeover", "interrupts", "approvals", "crashes", "wire", "files"],
 )
 def test_each_named_scenario_runs_clean(scenario: str) -> None:
     for seed in range(1000, 1015):
         result = run_world(seed, scenario)
         assert result.scenario == scenario
         assert not unexpected(result), f"seed {seed} {scenario}: {unexpected(result)[:3]}"
+
+
+def test_read_modify_write_cycles_collide_and_no_write_is_lost() -> None:
+    """Chats racing read-modify-write cycles on the shared files: some writes are refused as
+    changed and retried, and invariant (w) holds: every completed write is in the final file
+    or was expected by the write after it."""
+    refused: set[str] = set()
+    written: set[str] = set()
+    for seed in range(10):
+        result = run_world(seed, "files", keep_trace=True)
+        assert not unexpected(result), f"seed {seed}: {unexpected(result)[:3]}"
+        assert result.trace is not None
+        for line in result.trace:
+            if "<- result" not in line:
+                continue
+            call = f"{seed} {line.split('<- result ')[1].split()[1]}"  # seed, call id prefix
+            if "changed since it was read" in line:
+                refused.add(call)
+            elif " completed " in line and "bytes to shared/" in line:
+                written.add(call)
+    assert len(refused) > 10 and len(written) > 20, (len(refused), len(written))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,6 +139,7 @@ def test_the_trace_does_not_depend_on_what_ran_before() -> None:
         ("cancel-says-not-run", "c.not_run_with_effect"),
         ("lost-output-chunk", "e.output_gap"),
         ("turn-missing-result", "d.turn_result_count"),
+        ("write-ignores-expected", "w.lost_write"),
     ],
 )
 def test_each_planted_bug_is_caught_within_50_seeds(plant: str, expected: str) -> None:
@@ -133,6 +156,7 @@ def test_every_planted_bug_has_a_test() -> None:
         "cancel-says-not-run",
         "lost-output-chunk",
         "turn-missing-result",
+        "write-ignores-expected",
     }
 
 
@@ -174,6 +198,7 @@ def programs(draw: st.DrawFn) -> Program:
         duplicate_share=draw(st.sampled_from((0.0, 0.3))),
         faults=tuple(sorted(faults, key=lambda f: f.at)),
         moves=tuple(moves),
+        rmw_cycles=draw(st.sampled_from((0.0, 2.0))),
     )
 
 

@@ -9,6 +9,7 @@ Helpers here are shared with tests/test_interrupt.py.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -187,7 +188,7 @@ async def test_a_streamed_turn_sends_plan_then_every_calls_events_then_turn_resu
     assert results["e1"]["data"]["exit_code"] == 0 and results["e1"]["output"] == "one\ntwo\n"
     assert results["e1"]["started_at"] == started["started_at"]
     assert results["r2"]["data"]["content"] == "beta\n"
-    assert results["w1"]["data"] == {"bytes": 6}
+    assert results["w1"]["data"] == {"bytes": 6, "sha256": hashlib.sha256(b"gamma\n").hexdigest()}
     assert (live.workspace / "c.txt").read_text() == "gamma\n"
 
 

@@ -19,8 +19,9 @@ Contract shared by all four:
   caller gave it.
 - Failures on the tool's own terms (missing file, directory, binary file, permission denied, an
   edit that does not apply, bad regex ...) return ``outcome=failed`` with one plain sentence a
-  model can act on, ``data=None``, and leave the disk unchanged. They never raise. Anything else
-  (a bug) may raise; the chat turns that into ``unknown``.
+  model can act on, ``data=None`` (except the changed-file failure of ``expected_sha256``,
+  whose data says which digests differ), and leave the disk unchanged. They never raise.
+  Anything else (a bug) may raise; the chat turns that into ``unknown``.
 - ``output``: read_file puts the returned content there, search_files a ``path:line: text``
   listing, the writers leave it "". ``data`` always carries the full payload as well.
 - Text means UTF-8 without NUL bytes. A file with a NUL byte in its first 8 KiB, or that is not
@@ -33,17 +34,20 @@ Contract shared by all four:
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
-from contextlib import suppress
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Annotated, Any, BinaryIO, assert_never
 
 import msgspec
 
+from toolwire.actors.planner import canonical_path
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 
 # --- limits -------------------------------------------------------------------------------------
@@ -81,6 +85,20 @@ TEMP_NAME_ATTEMPTS = 100
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 LineNumber = Annotated[int, msgspec.Meta(ge=1)]
 
+# `expected_sha256` (PROTOCOL.md 9.4): the file must not exist, or its bytes must hash to this.
+ABSENT = "absent"
+_EXPECTED_SHA256_PATTERN = f"^(?:{ABSENT}|[0-9a-fA-F]{{64}})$"
+ExpectedSha256 = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=_EXPECTED_SHA256_PATTERN,
+        description=(
+            'The hex SHA-256 of the bytes the file must hold for the change to be made, or "absent"'
+            " (the file must not exist). Otherwise the call ends `failed` and changes nothing."
+        ),
+    ),
+]
+
 
 class ReadFileArgs(msgspec.Struct, forbid_unknown_fields=False):
     path: NonEmptyStr
@@ -91,6 +109,7 @@ class ReadFileArgs(msgspec.Struct, forbid_unknown_fields=False):
 class WriteFileArgs(msgspec.Struct, forbid_unknown_fields=False):
     path: NonEmptyStr
     content: str
+    expected_sha256: ExpectedSha256 | None = None
 
 
 class Edit(msgspec.Struct, forbid_unknown_fields=False):
@@ -102,6 +121,7 @@ class Edit(msgspec.Struct, forbid_unknown_fields=False):
 class FileEdits(msgspec.Struct, forbid_unknown_fields=False):
     path: NonEmptyStr
     edits: Annotated[list[Edit], msgspec.Meta(min_length=1)]
+    expected_sha256: ExpectedSha256 | None = None
 
 
 class EditFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
@@ -131,11 +151,13 @@ def check_args(args: FileToolArgs) -> None:
     elif isinstance(args, WriteFileArgs):
         _check_path("args.path", args.path)
         _check_utf8("args.content", args.content)
+        _check_expected("args.expected_sha256", args.expected_sha256)
     elif isinstance(args, EditFilesArgs):
         if not args.files:
             raise ValueError("args.files: must not be empty")
         for i, entry in enumerate(args.files):
             _check_path(f"args.files[{i}].path", entry.path)
+            _check_expected(f"args.files[{i}].expected_sha256", entry.expected_sha256)
             if not entry.edits:
                 raise ValueError(f"args.files[{i}].edits: must not be empty")
             for j, edit in enumerate(entry.edits):
@@ -167,6 +189,11 @@ def _check_line_number(field: str, value: int | None) -> None:
         raise ValueError(f"{field}: must be >= 1")
 
 
+def _check_expected(field: str, value: str | None) -> None:
+    if value is not None and re.fullmatch(_EXPECTED_SHA256_PATTERN, value) is None:
+        raise ValueError(f'{field}: must be 64 hex digits (a SHA-256) or "absent"')
+
+
 def _check_utf8(field: str, value: str) -> None:
     try:
         value.encode("utf-8")
@@ -187,7 +214,7 @@ def _completed(text: str, data: dict[str, Any], output: str = "") -> ToolReport:
 
 
 def _failed(failure: ToolFailure) -> ToolReport:
-    return ToolReport(outcome=Outcome.FAILED, text=failure.text, data=None)
+    return ToolReport(outcome=Outcome.FAILED, text=failure.text, data=failure.data)
 
 
 def _plural(n: int, word: str, plural: str | None = None) -> str:
@@ -291,10 +318,13 @@ def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
         raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {offset + e.start}") from None
 
 
-def _fd_text_lines(fd: int, shown: str, tool: str) -> Iterator[tuple[bytes, str]]:
+def _fd_text_lines(
+    fd: int, shown: str, tool: str, on_block: Callable[[bytes], None]
+) -> Iterator[tuple[bytes, str]]:
     """`_text_lines` over a file descriptor, as (raw, text) pairs: the same lines, checks and
     failures, read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a buffered
-    file object (which adds an fstat, two lseeks and an ioctl to every open)."""
+    file object (which adds an fstat, two lseeks and an ioctl to every open). Every block read
+    is passed to `on_block` too (read_file hashes the file in the same pass)."""
     block = b""
     eof = False
     while len(block) < BINARY_SNIFF_BYTES:  # a short read must not shorten the sniff
@@ -302,6 +332,7 @@ def _fd_text_lines(fd: int, shown: str, tool: str) -> Iterator[tuple[bytes, str]
         if not more:
             eof = True
             break
+        on_block(more)
         block += more
     if b"\0" in block[:BINARY_SNIFF_BYTES]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
@@ -323,10 +354,138 @@ def _fd_text_lines(fd: int, shown: str, tool: str) -> Iterator[tuple[bytes, str]
         if eof:
             break
         block = os.read(fd, READ_BLOCK_BYTES)
+        on_block(block)
         eof = not block
     if head:  # the last line, without a newline
         raw = b"".join(head)
         yield raw, _decode_line(raw, offset, shown, tool)
+
+
+# --- preconditions: expected_sha256 and one lock per canonical path ------------------------------
+
+
+class _PathLock:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0  # threads holding or waiting for `lock`; the entry goes at 0
+
+
+class PathLocks:
+    """One lock per canonical path, so that a precondition check and the rename it guards are
+    one step with respect to every other toolwire write of that path (PROTOCOL.md 9.4).
+
+    Why `threading.Lock` and not a trio lock: the writers are plain synchronous functions. The
+    chat runs write_file and edit_files inline on the event loop (actors/tool_runs.py), and this
+    module's contract lets a caller run them on a worker thread as well; a trio lock cannot be
+    taken from synchronous code or from another thread, a thread lock covers both. On the loop
+    it is never held across an await (it is taken and released inside one synchronous call),
+    so one loop task can never wait for a lock another loop task holds; it only waits for a
+    worker thread that is in the middle of a write.
+
+    The table holds a path only while some thread holds or waits for its lock: an entry is
+    created on first use and removed when its last user releases it, so it never grows with
+    the paths ever written (``len()`` is the number of paths in use right now).
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()  # guards `_entries` and every entry's `users`
+        self._entries: dict[str, _PathLock] = {}
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._entries)
+
+    @contextmanager
+    def hold(self, paths: Iterable[str]) -> Iterator[None]:
+        """Hold the locks of `paths` (canonical paths; duplicates are fine) for the block.
+
+        They are taken in sorted order, so two writers of overlapping sets of paths (two
+        multi-file edits) cannot each hold a lock the other waits for.
+        """
+        held: list[tuple[str, _PathLock]] = []
+        try:
+            for path in sorted(set(paths)):
+                held.append((path, self._acquire(path)))
+            yield
+        finally:
+            for path, entry in reversed(held):
+                self._release(path, entry)
+
+    def _acquire(self, path: str) -> _PathLock:
+        with self._guard:
+            entry = self._entries.get(path)
+            if entry is None:
+                entry = self._entries[path] = _PathLock()
+            entry.users += 1
+        try:
+            entry.lock.acquire()
+        except BaseException:  # interrupted while waiting: we hold nothing, drop our use
+            self._drop_user(path, entry)
+            raise
+        return entry
+
+    def _release(self, path: str, entry: _PathLock) -> None:
+        entry.lock.release()
+        self._drop_user(path, entry)
+
+    def _drop_user(self, path: str, entry: _PathLock) -> None:
+        with self._guard:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._entries[path]
+
+
+# Every toolwire write of this process goes through these locks: the chats of one agent share
+# the workspace, and a lock per path is only a guarantee if all writers take the same one.
+PATH_LOCKS = PathLocks()
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _current_sha256(target: str, shown: str, tool: str) -> str:
+    """The hex SHA-256 of the file at `target` (a canonical path) as it is now, or ABSENT when
+    there is none. A path that cannot be read as a regular file fails as the tool would."""
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    except OSError as e:
+        raise _os_failure(e, shown, "read") from None
+    try:
+        _check_regular(os.fstat(fd), shown, tool)
+        digest = hashlib.sha256()
+        while block := os.read(fd, READ_BLOCK_BYTES):
+            digest.update(block)
+    except OSError as e:
+        raise _os_failure(e, shown, "read") from None
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def _changed_failure(shown: str, expected: str, actual: str) -> ToolFailure:
+    """PROTOCOL.md 9.4's failure for a file whose bytes are not the ones the caller expected."""
+
+    def short(digest: str) -> str:
+        return digest if digest == ABSENT else digest[:12]
+
+    return ToolFailure(
+        f"{shown} changed since it was read (expected sha256 {short(expected)},"
+        f" found {short(actual)}); no changes were made",
+        {"path": shown, "expected_sha256": expected, "actual_sha256": actual},
+    )
+
+
+def _check_precondition(target: str, shown: str, expected: str, tool: str) -> None:
+    """Raise the changed-file failure unless the file at `target` is what `expected` says.
+    Call it with `target`'s lock held, and keep holding it until the write is renamed."""
+    actual = _current_sha256(target, shown, tool)
+    if actual != expected.lower():
+        raise _changed_failure(shown, expected, actual)
 
 
 # --- read_file ----------------------------------------------------------------------------------
@@ -362,8 +521,9 @@ def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
     total = 0  # lines seen so far; the whole file at the end
     stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
     note = ""  # why a cap stopped the read, with the offset to continue from
+    digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
     try:
-        for raw, text in _fd_text_lines(fd, shown, "read_file"):
+        for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update):
             total += 1
             if total < start or stopped_at is not None:
                 continue
@@ -396,7 +556,7 @@ def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
         note += f"; continue with offset={stopped_at}"
     content = "".join(parts)
     n = len(parts)
-    data = {"content": content, "lines": n, "total_lines": total}
+    data = {"content": content, "lines": n, "total_lines": total, "sha256": digest.hexdigest()}
     if total == 0:
         text = f"read 0 of 0 lines of {shown}; the file is empty"
     elif start > total:
@@ -511,7 +671,8 @@ def _remove_dirs(created: list[str]) -> None:
 
 
 def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
-    """Write ``content`` (as UTF-8) to ``path``, atomically; ``data = {"bytes": n}``.
+    """Write ``content`` (as UTF-8) to ``path``, atomically;
+    ``data = {"bytes": n, "sha256": <hex SHA-256 of the bytes written>}``.
 
     Missing parent directories are created (and removed again if the write then fails). An
     existing file keeps its mode (and owner, when permitted); a new file gets 0o666 minus the
@@ -519,6 +680,11 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
     link (a dangling link gets its target created). As with any rename-based write, the path
     gets a new inode: other hard links to the old file keep the old content. A directory or
     other non-regular target is refused.
+
+    With ``expected_sha256`` the file is replaced only if its bytes hash to that digest (or, for
+    ``"absent"``, only if there is no file); otherwise the call fails with PROTOCOL.md 9.4's
+    text and data (`_changed_failure`). The check, the write, its fsync and the rename all
+    happen with the path's lock held (`PATH_LOCKS`), as every write of this module does.
     """
     check_args(args)
     try:
@@ -528,9 +694,16 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
 
 
 def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
+    target = canonical_path(args.path, workspace)
+    with PATH_LOCKS.hold([target]):
+        if args.expected_sha256 is not None:
+            _check_precondition(target, args.path, args.expected_sha256, "write_file")
+        return _write_locked(target, args)
+
+
+def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
     shown = args.path
     data = args.content.encode("utf-8")
-    target = os.path.realpath(_resolve(workspace, shown))
     old: os.stat_result | None
     try:
         old = os.stat(target)
@@ -558,7 +731,10 @@ def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
     except OSError as e:
         _remove_dirs(created)
         raise _os_failure(e, shown, "write") from None
-    return _completed(f"wrote {_plural(len(data), 'byte')} to {shown}", {"bytes": len(data)})
+    return _completed(
+        f"wrote {_plural(len(data), 'byte')} to {shown}",
+        {"bytes": len(data), "sha256": _sha256_hex(data)},
+    )
 
 
 # --- edit_files ---------------------------------------------------------------------------------
@@ -589,6 +765,13 @@ def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
     Only then is each changed file written atomically (as write_file does). If a write fails,
     the files already written are restored from their original bytes, best effort: the failed
     text says whether that worked. Missing, binary, non-UTF-8 and non-regular files fail.
+
+    Each entry may carry ``expected_sha256``: before anything is read for editing, every such
+    entry's file must hash to it (or be absent, for ``"absent"``), else the call fails with
+    PROTOCOL.md 9.4's text for the first entry that does not, and no file changes. The locks
+    of all the call's paths (`PATH_LOCKS`, taken in sorted order) are held from that check
+    until the last rename. Each entry of ``data.files`` also has ``sha256``: the hex SHA-256 of
+    its file as the call left it (written, or unchanged when the edits changed nothing).
     """
     check_args(args)
     try:
@@ -600,7 +783,7 @@ def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
 _UNCHANGED = "; no file was changed"
 
 
-def _load_edit_target(target: str, shown: str) -> _EditTarget:
+def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTarget:
     try:
         st = _stat_regular(target, shown, "read", "edit_files")
         if not os.access(target, os.W_OK):
@@ -612,18 +795,34 @@ def _load_edit_target(target: str, shown: str) -> _EditTarget:
     except OSError as e:
         raise ToolFailure(_os_failure(e, shown, "read").text + _UNCHANGED) from None
     original = b"".join(line.raw for line in lines)
+    if expected is not None and (actual := _sha256_hex(original)) != expected.lower():
+        # Changed by something other than toolwire since the precondition check: still refuse.
+        raise _changed_failure(shown, expected, actual)
     text = "".join(line.text for line in lines)
     return _EditTarget(target, shown, original, st, text)
 
 
 def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
+    paths = [canonical_path(entry.path, workspace) for entry in args.files]
+    with PATH_LOCKS.hold(paths):
+        for entry, target in zip(args.files, paths, strict=True):
+            if entry.expected_sha256 is not None:
+                try:
+                    _check_precondition(target, entry.path, entry.expected_sha256, "edit_files")
+                except ToolFailure as f:
+                    if f.data is None:  # the path is not a readable file: say nothing changed
+                        raise ToolFailure(f.text + _UNCHANGED) from None
+                    raise
+        return _edit_locked(args, paths)
+
+
+def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
     targets: dict[str, _EditTarget] = {}  # by resolved path, in order of first appearance
     counts: list[int] = []
-    for entry in args.files:
-        target = os.path.realpath(_resolve(workspace, entry.path))
+    for entry, target in zip(args.files, paths, strict=True):
         current = targets.get(target)
         if current is None:
-            current = targets[target] = _load_edit_target(target, entry.path)
+            current = targets[target] = _load_edit_target(target, entry.path, entry.expected_sha256)
         count = 0
         for number, edit in enumerate(entry.edits, start=1):
             found = current.text.count(edit.old)
@@ -643,8 +842,10 @@ def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
         counts.append(count)
 
     written: list[_EditTarget] = []  # files already replaced on disk
+    digests: dict[str, str] = {}  # by resolved path: the SHA-256 the file is left with
     for t in targets.values():
         new = t.text.encode("utf-8")
+        digests[t.target] = _sha256_hex(new)
         if new == t.original:
             continue
         try:
@@ -656,7 +857,8 @@ def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
     total = sum(counts)
     text = f"applied {_plural(total, 'replacement')} in {_plural(len(targets), 'file')}"
     files = [
-        {"path": entry.path, "replacements": n} for entry, n in zip(args.files, counts, strict=True)
+        {"path": entry.path, "replacements": n, "sha256": digests[target]}
+        for entry, n, target in zip(args.files, counts, paths, strict=True)
     ]
     return _completed(text, {"files": files})
 
