@@ -38,8 +38,9 @@ ErrorCode = Literal[
 
 
 # The 1.1 features of PROTOCOL.md 9 this agent implements, sent in `welcome.features`.
+# `expected_sha256`: file digests and write preconditions (9.4).
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
-FEATURES = ("http_status",)
+FEATURES = ("expected_sha256", "http_status")
 
 
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
