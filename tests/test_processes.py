@@ -5,6 +5,8 @@ processes; plus the process table's ordering with a scripted backend (no process
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 from collections.abc import Mapping
 from typing import Any
@@ -12,9 +14,15 @@ from typing import Any
 import trio
 
 from tests.conftest import LiveServer, MakeServer
-from tests.wsclient import Message, RawConn
+from tests.oswatch import alive
+from tests.wsclient import Message, RawConn, of, wait_for
 from toolwire.actors.agent import Limits
-from toolwire.actors.processes import ExitStatus, ProcessTable
+from toolwire.actors.processes import (
+    ExitStatus,
+    ProcessTable,
+    RealProcessBackend,
+    SpawnedProcess,
+)
 
 TEST_DEADLINE_S = 10.0
 
@@ -129,13 +137,107 @@ async def test_process_signal_sends_the_named_signal(live: LiveServer) -> None:
             await conn.send(execute("p", command))
             await conn.recv_until(lambda m: m["type"] == "output" and "ready" in m["data"])
             sent = await run(conn, "s", "process_signal", process_id="p", signal="SIGUSR1")
-            result = await conn.recv_until(lambda m: m["type"] == "result" and m["call_id"] == "p")
+            # The command may exit (and its result arrive) before process_signal's own result,
+            # while `run` waited for that one: look at what was already received first.
+            result = await wait_for(conn, of("result", "p"))
     assert sent["data"]["delivered"] is True
     # The trap ran: the shell got SIGUSR1 (not some other signal) and exited through it.
-    assert result[-1]["data"]["exit_code"] == 3
+    assert result["data"]["exit_code"] == 3
     # (The shell may also report its `sleep` child killed by the same group signal.)
-    assert result[-1]["output"].startswith("ready\n")
-    assert result[-1]["output"].endswith("got-usr1\n")
+    assert result["output"].startswith("ready\n")
+    assert result["output"].endswith("got-usr1\n")
+
+
+class _HeldReapBackend:
+    """Real processes whose reap waits for the test: between the shell's exit and `release`,
+    the shell is a zombie the agent has not collected, deterministically (the agent reaps as
+    soon as the exit is visible, so without this the window is a few microseconds wide)."""
+
+    def __init__(self) -> None:
+        self._real = RealProcessBackend()
+        self.reap_allowed = trio.Event()
+
+    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
+        return _HeldReap(self._real.spawn(argv, cwd, env), self.reap_allowed)
+
+
+class _HeldReap:
+    def __init__(self, real: SpawnedProcess, reap_allowed: trio.Event) -> None:
+        self._real = real
+        self._reap_allowed = reap_allowed
+        self.pid = real.pid
+
+    async def read_some(self) -> bytes:
+        return await self._real.read_some()
+
+    def read_available(self) -> bytes:
+        return self._real.read_available()
+
+    async def wait(self) -> ExitStatus:
+        await self._reap_allowed.wait()
+        return await self._real.wait()
+
+    def signal_group(self, sig: signal.Signals) -> bool:
+        return self._real.signal_group(sig)
+
+    def poll_exited(self) -> bool:
+        return self._real.poll_exited()
+
+    def close(self) -> None:
+        self._real.close()
+
+
+async def test_process_signal_to_an_exited_process_not_reaped_yet_is_not_delivered(
+    make_server: MakeServer,
+) -> None:
+    """The shell exits while the agent's reap of it is held back (`_HeldReapBackend`), so
+    `process_signal` arrives while the shell is a zombie, every time. `killpg` succeeds on a
+    group whose only member is a zombie; the command has nonetheless ended and nothing
+    receives the signal, so it must not be reported delivered."""
+    backend = _HeldReapBackend()
+    server = await make_server(backend=backend)
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with server.connect() as conn:
+            await background(conn, "p", "exit 5")
+            pid = (await wait_for(conn, of("started", "p")))["pid"]
+            pidfd = os.pidfd_open(pid)  # readable once the shell has exited (reaped or not)
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+            sent = await run(conn, "s", "process_signal", process_id="p", signal="SIGTERM")
+            backend.reap_allowed.set()
+            state = await run(conn, "o", "process_output", process_id="p", wait=True)
+    assert sent["outcome"] == "completed" and sent["data"] == {"delivered": False}
+    assert sent["text"] == "process p has already exited; SIGTERM was not delivered"
+    # The signal changed nothing: the shell's own exit stands.
+    assert state["data"]["running"] is False and state["data"]["exit_code"] == 5
+    assert state["data"]["signal"] is None
+
+
+async def test_process_signal_after_running_false_is_not_delivered_to_a_leftover_child(
+    live: LiveServer,
+) -> None:
+    """`process_output` says `running: false` once the shell has exited, also while a
+    background child it started still runs in its process group. A later `process_signal`
+    must agree that the process has exited (`killpg` would reach the child and succeed), and
+    must not signal the child behind that answer: it keeps running until the cancel."""
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            done = await conn.call("c", "p", "execute", {"command": "sleep 30 & echo $!"})
+            child = int(done["output"])
+            try:
+                state = await run(conn, "o", "process_output", process_id="p")
+                sent = await run(conn, "s", "process_signal", process_id="p", signal="SIGKILL")
+                child_alive = alive(child)
+                await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["p"]})
+                await wait_for(conn, of("cancel_result", "p"))
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)  # whatever failed above: leave nothing behind
+    assert state["data"]["running"] is False and state["data"]["exit_code"] == 0
+    assert sent["data"] == {"delivered": False} and "not delivered" in sent["text"]
+    assert child_alive  # the SIGKILL was not sent behind a "not delivered"
 
 
 async def test_process_signal_refuses_unknown_signals(live: LiveServer) -> None:

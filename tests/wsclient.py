@@ -61,6 +61,9 @@ class RawConn:
                 return got
 
     async def call(self, chat_id: str, call_id: str, tool: str, args: Any, **extra: Any) -> Message:
+        """Send a call and receive until its result (or error). Whatever arrives meanwhile, such
+        as another call's result, is consumed here but kept in `seen`: wait for it afterwards
+        with `wait_for`, which looks there first, never with `recv_until`."""
         await self.send(
             {"type": "call", "chat_id": chat_id, "call_id": call_id, "tool": tool, "args": args}
             | extra

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 import trio
 
-from toolwire.actors.processes import SIGNALS, ProcessRecord, ProcessTable
+from toolwire.actors.processes import SIGNALS, ProcessRecord, ProcessTable, has_exited
 from toolwire.actors.results import Outcome, ToolReport
 
 SignalName = Literal["SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
@@ -82,9 +82,13 @@ def process_signal(table: ProcessTable, args: ProcessSignalArgs) -> ToolReport:
     proc = table.get(args.process_id)
     if proc is None:
         return _missing(args.process_id)
-    # The group outlives its shell while a background child holds the pipe: signal it too.
-    alive = proc.running or not proc.output_closed.is_set()
-    delivered = alive and proc.handle.signal_group(SIGNALS[args.signal])
+    # Decided by the command's own process, as `process_output` reports it, and never by
+    # `killpg`: it also succeeds on a group whose members have all exited but are not reaped
+    # yet (zombies), and on a leftover background child after the shell exited. Once
+    # `process_output` has said `running: false`, no later signal claims delivery. A shell
+    # that exited and is not reaped yet counts as exited (has_exited looks without reaping).
+    # Leftover background children of an exited shell are stopped with `cancel` (5.3).
+    delivered = not has_exited(proc) and proc.handle.signal_group(SIGNALS[args.signal])
     text = (
         f"sent {args.signal} to process {args.process_id}"
         if delivered
