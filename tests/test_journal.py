@@ -209,6 +209,43 @@ async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
 
 
+async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path: Path) -> None:
+    """A read-only call journals no start (it has no effect a crash could forget): cut short by
+    a crash, it left no trace, so a repeat runs it again instead of ending `unknown`."""
+    journal = tmp_path / "state" / "journal.sqlite3"
+    wait = {"process_id": "bg", "wait": True, "wait_ms": 60_000}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            started = await conn.call("c", "bg", "execute",
+                                      {"command": "echo $$ > shell.pid; sleep 300"},
+                                      background=True)  # fmt: skip
+            assert started["type"] == "result"  # returned at once; the process runs on
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "w",
+                             "tool": "process_output", "args": wait})  # fmt: skip
+            accepted = await conn.recv_until(lambda m: m["type"] == "accepted")
+            assert accepted[-1]["call_id"] == "w" and accepted[-1]["state"] == "running"
+            # Commits are in order and a cancel tombstone is durable before its reply: after
+            # it, anything the waiting call journaled would be on disk.
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["barrier"]})
+            await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+            rows = {call_id for (call_id,) in db.execute("SELECT call_id FROM calls")}
+            db.close()
+            assert rows == {"bg", "barrier"}  # no row for the waiting read
+        await _kill9(server.process)
+    orphan = int((tmp_path / "ws" / "shell.pid").read_text())
+    try:
+        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+            repeat = await conn.call("c", "w", "process_output", wait)
+            accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
+            assert accepted["replay"] is False  # a new call: nothing of it survived
+            # The process was the dead agent's (not adopted): the read says so; it is not
+            # told `unknown` as a call that may have had an effect would be.
+            assert repeat["type"] == "result" and repeat["outcome"] != "unknown"
+    finally:
+        os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
+
+
 def test_a_corrupt_journal_stops_serve_with_the_file_named(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -316,8 +316,8 @@ def test_a_result_not_yet_durable_stays_on_the_record_until_its_commit(tmp_path:
             chat: ChatActor = agent.chat(CHAT)
             first, repeat = Outbox(), Outbox()
             agent.call(first, CHAT, spec, stream=False, rid=None)
+            # A read has no start to journal: it runs at once, its result waits for the disk.
             await trio.testing.wait_all_tasks_blocked()
-            await step()  # the start is durable: the read runs, its result waits for the disk
             rec = chat.records.get("r")
             assert rec is not None and rec.done and not released(rec)
             saved = rec.result
