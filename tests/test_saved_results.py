@@ -402,9 +402,9 @@ def test_sqlite_recovers_rows_one_at_a_time_in_touch_order(tmp_path: Path) -> No
         )
         for i in range(60)
     ]
-    journal._commit([("INSERT INTO calls VALUES (?, ?, ?, ?)", (
+    journal._commit([(seq, "INSERT INTO calls VALUES (?, ?, ?, ?)", (
         row.chat_id, row.call_id, msgspec.msgpack.encode(row), row.touched_at_ms,
-    )) for row in rows])  # fmt: skip
+    )) for seq, row in enumerate(rows, 1)])  # fmt: skip
     recovered = journal.recover()
     first = next(recovered)  # a generator: rows come off the cursor as they are asked for
     order = [(r.touched_at_ms, r.chat_id, r.call_id) for r in [first, *recovered]]
