@@ -1,9 +1,9 @@
 """A toolwire agent and WebSocket server for the benchmarks
 (`python -m toolwire.benchmarks.toolwire_server --workspace DIR --token TOKEN
-[--journal memory|sqlite --state-dir DIR]`): the same `Agent` and `Server` as `toolwire serve`,
-on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM shuts it down like `serve`.
-The journal defaults to `memory` (`serve` defaults to `sqlite`): the journal's own cost is the
-subject of its own scenario, and every other scenario leaves it out.
+[--journal memory|sqlite --state-dir DIR --sync full|normal]`): the same `Agent` and `Server`
+as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM shuts it
+down like `serve`. The scenarios start it with serve's defaults (`--journal sqlite --sync
+full`, `benchmarks/scenarios/common.py`) and with the memory journal as a row beside them.
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from toolwire.actors.journal import open_journal
 from toolwire.transport.server import Server, ServerConfig
 
 
-async def main(workspace: str, token: str, journal: str = "memory", state_dir: str = "") -> None:
+async def main(
+    workspace: str, token: str, journal: str = "memory", state_dir: str = "", sync: str = "full"
+) -> None:
     ctx = AgentContext(
-        workspace=workspace, journal=open_journal(journal, Path(state_dir) if state_dir else None)
+        workspace=workspace,
+        journal=open_journal(journal, Path(state_dir) if state_dir else None, sync),
     )
     async with trio.open_nursery() as nursery:
         agent = await nursery.start(Agent(ctx).run)
@@ -41,5 +44,6 @@ if __name__ == "__main__":
     parser.add_argument("--token", required=True)
     parser.add_argument("--journal", choices=["memory", "sqlite"], default="memory")
     parser.add_argument("--state-dir", default="")
+    parser.add_argument("--sync", choices=["full", "normal"], default="full")
     args = parser.parse_args()
-    trio.run(main, args.workspace, args.token, args.journal, args.state_dir)
+    trio.run(main, args.workspace, args.token, args.journal, args.state_dir, args.sync)
