@@ -72,6 +72,20 @@ def test_a_corrupt_or_foreign_journal_is_refused_with_its_name(tmp_path: Path) -
         SqliteJournal(newer)
 
 
+def test_the_sync_level_is_what_sqlite_runs_with_and_a_wrong_one_is_named(
+    tmp_path: Path,
+) -> None:
+    # SQLite's numbering of `PRAGMA synchronous`: 1 NORMAL, 2 FULL.
+    for sync, level in (("full", 2), ("normal", 1)):
+        journal = SqliteJournal(tmp_path / f"{sync}.sqlite3", sync)
+        assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert journal._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        journal.close()
+    with pytest.raises(ValueError, match="'off'"):
+        SqliteJournal(tmp_path / "off.sqlite3", "off")
+    assert not (tmp_path / "off.sqlite3").exists()
+
+
 def test_the_memory_journal_keeps_nothing() -> None:
     journal = MemoryJournal()
     assert journal.write(_row("x")) == 0 and journal.is_durable(0) and journal.load() == []
@@ -158,9 +172,14 @@ async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_ag
         os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
 
 
-async def test_kill9_after_the_result_serves_it_again_byte_for_byte(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_kill9_after_the_result_serves_it_again_byte_for_byte(
+    tmp_path: Path, sync: str
+) -> None:
+    # Both sync levels keep every commit across a crash of the agent (docs/durability.md).
     args = {"command": "echo ran >> runs.txt; echo done"}
-    async with serve(tmp_path) as server:
+    async with serve(tmp_path, "--sync", sync) as server:
+        assert f"(sync {sync})" in server.stderr_path.read_text()
         async with connect(server.url, _token(tmp_path)) as conn:
             first = await conn.call("c", "x", "execute", args)
         await _kill9(server.process)
