@@ -509,7 +509,11 @@ class ChatActor:
                     self, record, lambda: tool_runs.run_inline(self, tool, runtime)
                 )
             else:
-                self._spawn(tool_runs.run_inline_when_durable, self, record, tool, runtime, seq)
+                # Run by the commit that makes the start durable, with every other call that
+                # commit covers: no task per call.
+                self.ctx.journal.when_durable(
+                    seq, lambda: tool_runs.run_inline_once_started(self, record, tool, runtime)
+                )
             return
         if tool.kind is ToolKind.EXECUTE:
             self._launching[record.call_id] = None
@@ -517,13 +521,17 @@ class ChatActor:
 
     def _begin(self, record: ToolCallRecord) -> int:
         """Mark the effect started and journal it; returns the journal sequence number that
-        must be durable before the effect may actually happen (see `_durable_start`)."""
+        must be durable before the effect may actually happen (see `_durable_start`). A
+        read-only tool has no effect to protect: nothing is journaled (0, durable already);
+        a crash before its result is durable leaves no trace, and a repeat runs it anew."""
         self.records.begin(record)
         record.started_at_ms = self.ctx.wall_ms()
         runtime = self._runtime(record)
         if runtime.spec.timeout_ms:
             # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
             record.deadline = self._now() + runtime.spec.timeout_ms / 1000
+        if TOOLS[runtime.spec.tool].read_only:
+            return 0
         return self._journal_write(record)
 
     async def _durable_start(self, record: ToolCallRecord, seq: int) -> bool:
@@ -532,6 +540,10 @@ class ChatActor:
         arrived meanwhile wins: nothing happened, so the call ends not_run. False if so."""
         if not self.ctx.journal.is_durable(seq):
             await self.ctx.journal.wait_durable(seq)
+        return self._may_start(record)
+
+    def _may_start(self, record: ToolCallRecord) -> bool:
+        """The start is durable: False (and the call ends not_run) if a cancel came first."""
         if record.cancel_requested:
             self._finish(
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
@@ -567,11 +579,9 @@ class ChatActor:
         if self.ctx.journal.is_durable(seq):
             self._publish_result(record)
         else:
-            self._spawn(self._publish_when_durable, record, seq)
-
-    async def _publish_when_durable(self, record: ToolCallRecord, seq: int) -> None:
-        await self.ctx.journal.wait_durable(seq)
-        self._publish_result(record)
+            # Published by the commit that makes it durable, with every other result that
+            # commit covers: no task per call.
+            self.ctx.journal.when_durable(seq, lambda: self._publish_result(record))
 
     def _publish_result(self, record: ToolCallRecord) -> None:
         """The saved result is durable: answer every request waiting for it."""

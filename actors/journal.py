@@ -3,9 +3,11 @@
 The chat actors keep their records in memory and write every change that matters here. Writes
 are queued synchronously (no `await` inside a record transition) and one writer task commits
 them in groups (group commit: one transaction and one fsync for everything queued meanwhile),
-on a worker thread so SQLite never blocks the trio loop. A caller that must not act before a
-change is durable (start an effect, reply with a result, confirm a cancel) awaits
-`wait_durable(seq)`; everything else goes on.
+on a thread of its own so SQLite never blocks the trio loop. A caller that must not act before a
+change is durable (start an effect, reply with a result, confirm a cancel) hands the journal a
+callback with `when_durable(seq, fn)`: the writer calls every callback a commit covers right
+after that commit, on the loop, in one go (no task and no thread hop per call). A task that is
+running anyway may await `wait_durable(seq)` instead; everything else goes on.
 
 A journal that `keeps_results` is also where finished results live: once a result is durable
 the chat actors drop it from the heap (an LRU keeps the recent ones, `actors/result_cache.py`)
@@ -19,11 +21,16 @@ the records themselves hold their results, as they must: nothing else does.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import math
+import queue
 import sqlite3
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,15 @@ import trio
 from toolwire.actors.metrics import Durations
 from toolwire.actors.results import Result
 
+log = logging.getLogger("toolwire.journal")
+
 SCHEMA_VERSION = 1
+
+# `toolwire serve --sync`: what a commit waits for (SQLite's `synchronous`, in WAL mode).
+# FULL: the WAL is fsynced at every commit, so a commit survives a power loss or a kernel crash.
+# NORMAL: the WAL is fsynced only at checkpoints, so a commit survives a crash of the agent (the
+# kernel holds the write) but the last commits may be lost with the machine.
+SYNC_LEVELS = ("full", "normal")
 
 # A group commit takes everything queued while the previous one was on disk, but at most this
 # many changes, so one transaction's latency stays bounded under a flood of calls.
@@ -60,6 +75,33 @@ class JournalRow(msgspec.Struct, kw_only=True):
     result: Result | None = None
     started_at_ms: int | None = None
     touched_at_ms: int = 0
+
+
+class CommitWaiters:
+    """Callbacks waiting for a journal sequence number to be durable, released in sequence
+    order by the writer right after the commit that covers them."""
+
+    def __init__(self) -> None:
+        # A heap: a task may register for an older change after a newer one was registered.
+        self._heap: list[tuple[int, int, Callable[[], None]]] = []
+        self._order = itertools.count()  # ties keep their registration order
+
+    def add(self, seq: int, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (seq, next(self._order), fn))
+
+    def release(self, durable_seq: int) -> None:
+        """Call every callback up to `durable_seq`. One that fails is logged: it must not stop
+        the writer (and with it every other chat's durability)."""
+        heap = self._heap
+        while heap and heap[0][0] <= durable_seq:
+            fn = heapq.heappop(heap)[2]
+            try:
+                fn()
+            except Exception:
+                log.exception("a journal commit callback failed")
+
+    def clear(self) -> None:
+        self._heap.clear()
 
 
 class Journal(ABC):
@@ -96,6 +138,12 @@ class Journal(ABC):
 
     @abstractmethod
     async def wait_durable(self, seq: int) -> None: ...
+
+    def when_durable(self, seq: int, fn: Callable[[], None]) -> None:
+        """Call `fn` (synchronously, on the loop) once change `seq` is durable: right after the
+        commit that covers it, together with every other callback that commit covers, or at
+        once when it is durable already. Never called if the agent dies first."""
+        fn()
 
     @abstractmethod
     def load(self) -> list[JournalRow]:
@@ -170,23 +218,35 @@ class SqliteJournal(Journal):
     keeps_results = True
     commit_durations: Durations
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sync: str = "full") -> None:
+        if sync not in SYNC_LEVELS:
+            raise ValueError(f"unknown sync level {sync!r}; use {' or '.join(SYNC_LEVELS)}")
         self.path = path
+        self.sync = sync
         # Reads use a connection of their own: in WAL mode it sees the last commit without
         # waiting for the writer, and the writer's connection stays the writer thread's alone.
         self._reader: sqlite3.Connection | None = None
         self._read_limiter = trio.CapacityLimiter(1)
-        self._ops: list[tuple[str, tuple[Any, ...]]] = []
+        self._ops: list[tuple[int, str, tuple[Any, ...]]] = []
+        # Batches handed to the writer thread (None stops it): one at a time, taken by the
+        # writer task on the loop, so a batch holds every change queued in a scheduling round.
+        self._batches: queue.SimpleQueue[list[tuple[int, str, tuple[Any, ...]]] | None] = (
+            queue.SimpleQueue()
+        )
         self._queued_seq = 0  # sequence number of the newest queued change
         self._durable_seq = 0  # sequence number of the newest committed change
         self._committed = trio.Event()
+        self._waiters = CommitWaiters()
         self._wakeup = trio.Event()
+        # Set (from the writer thread, through the trio token) when a commit landed or failed:
+        # one event per commit.
+        self._landed = trio.Event()
         self._failed: BaseException | None = None
         self.commit_durations = Durations()
-        self._db = self._open(path)
+        self._db = self._open(path, sync)
 
     @staticmethod
-    def _open(path: Path) -> sqlite3.Connection:
+    def _open(path: Path, sync: str) -> sqlite3.Connection:
         # Records hold commands, args and outputs: private to this user, like the token.
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not path.exists():
@@ -195,8 +255,9 @@ class SqliteJournal(Journal):
             db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             # WAL: readers never block the writer, and a commit is one append + fsync.
             db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed transaction survives power loss, not only a process crash.
-            db.execute("PRAGMA synchronous=FULL")
+            # FULL: a committed transaction survives power loss, not only a process crash;
+            # NORMAL: only a process crash (see SYNC_LEVELS).
+            db.execute(f"PRAGMA synchronous={sync.upper()}")
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise JournalError(f"journal {path} is corrupt: {check}")
@@ -224,8 +285,8 @@ class SqliteJournal(Journal):
     def _queue(self, sql: str, params: tuple[Any, ...]) -> int:
         if self._failed is not None:
             raise JournalError(f"journal {self.path} failed: {self._failed}") from self._failed
-        self._ops.append((sql, params))
         self._queued_seq += 1
+        self._ops.append((self._queued_seq, sql, params))
         self._wakeup.set()
         return self._queued_seq
 
@@ -253,6 +314,12 @@ class SqliteJournal(Journal):
                 raise JournalError(f"journal {self.path} failed: {self._failed}")
             await self._committed.wait()
         await trio.lowlevel.checkpoint()
+
+    def when_durable(self, seq: int, fn: Callable[[], None]) -> None:
+        if seq <= self._durable_seq:
+            fn()
+        else:
+            self._waiters.add(seq, fn)
 
     def load(self) -> list[JournalRow]:
         try:
@@ -301,38 +368,90 @@ class SqliteJournal(Journal):
             raise JournalError(f"journal {self.path}: read failed: {exc}") from exc
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A thread of its own rather than `trio.to_thread` per commit: that cost a thread
+        # handoff (and on the loop, about a tenth of its time under pipelined load) per commit.
+        token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(
+            target=self._writer_thread, args=(token,), name="toolwire-journal", daemon=True
+        )
+        thread.start()
         task_status.started()
-        limiter = trio.CapacityLimiter(1)  # one writer thread: SQLite has one writer anyway
-        while True:
-            if not self._ops:
-                await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                continue
-            batch = self._ops[:MAX_BATCH]
-            del self._ops[:MAX_BATCH]
-            last = self._queued_seq - len(self._ops)
-            started = time.perf_counter()
-            try:
+        try:
+            while True:
+                if not self._ops:
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+                batch = self._ops[:MAX_BATCH]
+                del self._ops[:MAX_BATCH]
+                last = batch[-1][0]
+                self._batches.put(batch)
+                del batch  # the thread's now; not kept here while idle (megabytes of rows)
                 # Not cancellable: a commit half-way would leave waiters not knowing the truth.
-                await trio.to_thread.run_sync(self._commit, batch, limiter=limiter)
+                with trio.CancelScope(shield=True):
+                    await self._landed.wait()
+                self._landed = trio.Event()
+                if self._failed is not None:
+                    self._committed.set()
+                    raise JournalError(
+                        f"journal {self.path}: write failed: {self._failed}"
+                    ) from self._failed
+                self._durable_seq = last
+                self._committed.set()
+                self._committed = trio.Event()
+                # A commit that lands after the agent began to stop releases nothing: a
+                # callback may start an effect (the durable start of a write_file), and a
+                # stopping agent starts none (recovery finds the start: `unknown`).
+                await trio.lowlevel.checkpoint_if_cancelled()
+                self._waiters.release(last)
+        finally:
+            self._batches.put(None)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(thread.join)
+
+    def _writer_thread(self, token: trio.lowlevel.TrioToken) -> None:
+        while True:
+            batch = self._batches.get()
+            if batch is None:
+                return
+            started = time.perf_counter()
+            seconds: float | None = None
+            try:
+                self._commit(batch)
+                seconds = time.perf_counter() - started
             except sqlite3.Error as exc:
                 self._failed = exc
-                self._committed.set()
-                raise JournalError(f"journal {self.path}: write failed: {exc}") from exc
-            self.commit_durations.observe(time.perf_counter() - started)
-            self._durable_seq = last
-            self._committed.set()
-            self._committed = trio.Event()
-            # Not kept while idle: the last batch holds up to MAX_BATCH encoded rows (megabytes
-            # of results that now live on disk only).
             del batch
+            try:
+                token.run_sync_soon(self._on_landed, seconds)
+            except trio.RunFinishedError:
+                return
 
-    def _commit(self, batch: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _on_landed(self, seconds: float | None) -> None:
+        # On the loop: the event the writer task waits on now (it replaces it after waking),
+        # and the commit's duration (None: it failed) for toolwire_journal_commit_seconds,
+        # observed here so that the histogram is only ever touched from the trio thread.
+        if seconds is not None:
+            self.commit_durations.observe(seconds)
+        self._landed.set()
+
+    def _commit(self, batch: list[tuple[int, str, tuple[Any, ...]]]) -> None:
         db = self._db
         db.execute("BEGIN")
         try:
-            for sql, params in batch:
-                db.execute(sql, params)
+            # One executemany per run of the same statement: a pipelined window is mostly
+            # upserts back to back, and binding them in C is several times cheaper.
+            i = 0
+            while i < len(batch):
+                sql = batch[i][1]
+                j = i + 1
+                while j < len(batch) and batch[j][1] is sql:
+                    j += 1
+                if j == i + 1:
+                    db.execute(sql, batch[i][2])
+                else:
+                    db.executemany(sql, [op[2] for op in batch[i:j]])
+                i = j
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -345,15 +464,16 @@ class SqliteJournal(Journal):
         self._db.close()
 
 
-def open_journal(kind: str, state_dir: Path | None) -> Journal:
-    """`--journal memory` or `--journal sqlite` (the default for `toolwire serve`)."""
+def open_journal(kind: str, state_dir: Path | None, sync: str = "full") -> Journal:
+    """`--journal memory` or `--journal sqlite` (the default for `toolwire serve`), the latter
+    with `--sync full` (the default) or `normal` (see SYNC_LEVELS)."""
     if kind == "memory":
         return MemoryJournal()
     if kind != "sqlite":
         raise ValueError(f"unknown journal kind {kind!r}; use sqlite or memory")
     if state_dir is None:
         raise ValueError("the sqlite journal needs a state dir")
-    return SqliteJournal(state_dir / "journal.sqlite3")
+    return SqliteJournal(state_dir / "journal.sqlite3", sync)
 
 
 def wall_ms_to_monotonic(wall_ms: int, now_wall_ms: int, now_monotonic: float) -> float:
@@ -364,6 +484,8 @@ def wall_ms_to_monotonic(wall_ms: int, now_wall_ms: int, now_monotonic: float) -
 
 
 __all__ = [
+    "SYNC_LEVELS",
+    "CommitWaiters",
     "Journal",
     "JournalError",
     "JournalRow",

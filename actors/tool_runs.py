@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("toolwire.chat")
 
 
-async def run_inline_when_durable(
-    chat: ChatActor, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime, seq: int
+def run_inline_once_started(
+    chat: ChatActor, record: ToolCallRecord, tool: ToolDef, runtime: CallRuntime
 ) -> None:
-    if await chat._durable_start(record, seq):
+    """An inline tool whose start just became durable (a journal commit callback)."""
+    if chat._may_start(record):
         finish_guarded(chat, record, lambda: run_inline(chat, tool, runtime))
 
 

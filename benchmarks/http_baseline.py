@@ -13,11 +13,17 @@ agent API requires):
   next_offset}`: a short call (a file read) costs one round trip, the best case of the design.
 - `GET /output?chat_id=&call_id=&offset=N&wait_ms=M`: output from byte offset N; waits up to M
   ms for new output or the end. Replies `{offset, data, next_offset, started, done, result}`.
+
+The server forgets a call's state (its outbox and output chunks) once a reply has carried its
+result, as toolwire's connection forgets a call it has sent the result of: memory then stays
+flat however many calls pass, and the baseline pays no growing dict. A repeated `/start` of
+that call gets its saved result again from the agent (a repeat); `/output` of it: 404.
 - `POST /cancel` `{chat_id, call_ids}`: cancel, and reply once every call has its result
   (`{results: [{call_id, received, result}]}`), as the anchor's cancel does.
 
-`python -m toolwire.benchmarks.http_baseline --workspace DIR --token T` serves it on 127.0.0.1
-port 0 and prints `PORT <n>`. `HttpClient` is the matching hand-written keep-alive client.
+`python -m toolwire.benchmarks.http_baseline --workspace DIR --token T [--journal sqlite
+--state-dir DIR]` serves it on 127.0.0.1 port 0 and prints `PORT <n>`. `HttpClient` is the
+matching hand-written keep-alive client.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import hmac
 import signal
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -36,6 +43,7 @@ import trio
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.events import CancelResultEvent, OutputEvent, ResultEvent, StartedEvent
+from toolwire.actors.journal import open_journal
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Result, ToolwireError
 
@@ -194,6 +202,8 @@ class BaselineServer:
                 raise HttpError(409 if exc.code == "conflict" else 400, exc.message) from None
             self.calls[key] = state
         await state.wait(wait_ms, lambda: state.result is not None)
+        if state.result is not None:
+            self._forget(key, state)
         return 200, {
             "done": state.result is not None,
             "started": state.started,
@@ -201,8 +211,14 @@ class BaselineServer:
             "result": state.result,
         }
 
+    def _forget(self, key: tuple[str, str], state: CallState) -> None:
+        """A reply carries the result: nobody asks this call for more (see the module doc)."""
+        if self.calls.get(key) is state:
+            del self.calls[key]
+
     async def _output(self, params: dict[str, str]) -> tuple[int, Any]:
-        state = self.calls.get((params.get("chat_id", ""), params.get("call_id", "")))
+        key = (params.get("chat_id", ""), params.get("call_id", ""))
+        state = self.calls.get(key)
         if state is None:
             raise HttpError(404, "unknown call")
         offset = _int(params, "offset", 0)
@@ -210,6 +226,8 @@ class BaselineServer:
             _int(params, "wait_ms", 0),
             lambda: state.result is not None or state.next_offset > offset,
         )
+        if state.result is not None:
+            self._forget(key, state)
         first, data = state.output_from(offset)
         return 200, {
             "offset": first,
@@ -305,9 +323,12 @@ class HttpClient:
 # The server process
 
 
-async def main(workspace: str, token: str) -> None:
+async def main(workspace: str, token: str, journal: str = "memory", state_dir: str = "") -> None:
+    ctx = AgentContext(
+        workspace=workspace, journal=open_journal(journal, Path(state_dir) if state_dir else None)
+    )
     async with trio.open_nursery() as nursery:
-        agent = await nursery.start(Agent(AgentContext(workspace=workspace)).run)
+        agent = await nursery.start(Agent(ctx).run)
         server = BaselineServer(agent, token)
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
@@ -324,5 +345,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--token", required=True)
+    # The same journal as the toolwire server it is compared with: only the wire differs.
+    parser.add_argument("--journal", choices=["memory", "sqlite"], default="memory")
+    parser.add_argument("--state-dir", default="")
     args = parser.parse_args()
-    trio.run(main, args.workspace, args.token)
+    trio.run(main, args.workspace, args.token, args.journal, args.state_dir)

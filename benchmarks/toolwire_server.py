@@ -1,11 +1,11 @@
 """A toolwire agent and WebSocket server for the benchmarks
 (`python -m toolwire.benchmarks.toolwire_server --workspace DIR --token TOKEN
-[--journal memory|sqlite --state-dir DIR] [--no-metrics]`): the same `Agent` and `Server` as
-`toolwire serve`,
-on 127.0.0.1 port 0, printing `PORT <n>` once it listens. SIGTERM shuts it down like `serve`.
-The journal defaults to `memory` (`serve` defaults to `sqlite`): the journal's own cost is the
-subject of its own scenario, and every other scenario leaves it out. `--no-metrics` turns the
-operator's counters off (`AgentContext.metrics = None`): the baseline of their cost.
+[--journal memory|sqlite --state-dir DIR --sync full|normal] [--no-metrics]`): the same `Agent`
+and `Server` as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once it listens.
+SIGTERM shuts it down like `serve`. The scenarios start it with serve's defaults (`--journal
+sqlite --sync full`, `benchmarks/scenarios/common.py`) and with the memory journal as a row
+beside them. `--no-metrics` turns the operator's counters off (`AgentContext.metrics = None`):
+the baseline of their cost.
 """
 
 from __future__ import annotations
@@ -22,10 +22,16 @@ from toolwire.transport.server import Server, ServerConfig
 
 
 async def main(
-    workspace: str, token: str, journal: str = "memory", state_dir: str = "", metrics: bool = True
+    workspace: str,
+    token: str,
+    journal: str = "memory",
+    state_dir: str = "",
+    sync: str = "full",
+    metrics: bool = True,
 ) -> None:
     ctx = AgentContext(
-        workspace=workspace, journal=open_journal(journal, Path(state_dir) if state_dir else None)
+        workspace=workspace,
+        journal=open_journal(journal, Path(state_dir) if state_dir else None, sync),
     )
     if not metrics:
         ctx.metrics = None
@@ -47,6 +53,15 @@ if __name__ == "__main__":
     parser.add_argument("--token", required=True)
     parser.add_argument("--journal", choices=["memory", "sqlite"], default="memory")
     parser.add_argument("--state-dir", default="")
+    parser.add_argument("--sync", choices=["full", "normal"], default="full")
     parser.add_argument("--no-metrics", action="store_true")
     args = parser.parse_args()
-    trio.run(main, args.workspace, args.token, args.journal, args.state_dir, not args.no_metrics)
+    trio.run(
+        main,
+        args.workspace,
+        args.token,
+        args.journal,
+        args.state_dir,
+        args.sync,
+        not args.no_metrics,
+    )

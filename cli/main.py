@@ -75,6 +75,13 @@ def _build_parser() -> argparse.ArgumentParser:
         default="sqlite",
         help="where records survive restarts (memory: nothing survives; for experiments)",
     )
+    serve.add_argument(
+        "--sync",
+        choices=["full", "normal"],
+        default="full",
+        help="what a journal commit waits for (full: survives a power loss; normal: survives "
+        "a crash of the agent, the last commits may be lost with the machine); docs/durability.md",
+    )
 
     call = sub.add_parser("call", help="run one tool call and stream its output")
     call.add_argument("tool", help="tool name, e.g. execute")
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             approval_timeout_s=args.approval_timeout_s,
             journal=args.journal,
             allowed_origins=origins,
+            sync=args.sync,
         )
         from toolwire.actors.journal import JournalError
 

@@ -40,6 +40,7 @@ class ServeOptions:
     approval_timeout_s: float | None = None
     journal: str = "sqlite"
     allowed_origins: frozenset[str] = frozenset()
+    sync: str = "full"  # the SQLite journal's synchronous level (actors.journal.SYNC_LEVELS)
 
 
 def default_state_dir() -> Path:
@@ -113,7 +114,7 @@ async def serve(options: ServeOptions) -> None:
         )
     # A corrupt or unreadable journal raises JournalError here: the agent stops and says which
     # file, rather than starting empty and running again what already ran.
-    journal = open_journal(options.journal, state_dir)
+    journal = open_journal(options.journal, state_dir, options.sync)
     ctx = AgentContext(
         workspace=str(workspace),
         approve_tools=options.approve,
@@ -147,7 +148,11 @@ async def serve(options: ServeOptions) -> None:
             where = getattr(journal, "path", None)
             log.info(
                 f"journal {options.journal}"
-                + (f" at {where}, {agent.recovered} records recovered" if where else ""),
+                + (
+                    f" at {where} (sync {options.sync}), {agent.recovered} records recovered"
+                    if where
+                    else ""
+                ),
                 extra={"recovered": agent.recovered},
             )
             log.info("ready", extra={"port": port})

@@ -2,7 +2,8 @@
 
 `SimJournal` behaves like `actors.journal.SqliteJournal` as far as the chat actors can tell:
 writes are queued synchronously, one writer task commits everything queued meanwhile after a
-small virtual-time delay (group commit), and `wait_durable` returns once a change is committed.
+small virtual-time delay (group commit), and `wait_durable` returns (and `when_durable`'s
+callbacks run, all those a commit covers in one go) once a change is committed.
 Committed rows live in a plain dict that outlives the agent; `crash()` throws away whatever was
 queued or in the middle of a commit, exactly what a `kill -9` loses. Like the SQLite journal it
 keeps results: `read_results` answers from the committed rows after a small virtual-time delay
@@ -12,12 +13,12 @@ keeps results: `read_results` answers from the committed rows after a small virt
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import trio
 
-from toolwire.actors.journal import Journal, JournalRow
+from toolwire.actors.journal import CommitWaiters, Journal, JournalRow
 from toolwire.actors.results import Result
 
 
@@ -43,6 +44,7 @@ class SimJournal(Journal):
         self._queued_seq = 0
         self._durable_seq = 0
         self._committed = trio.Event()
+        self._waiters = CommitWaiters()
         self._wakeup = trio.Event()
         self.commits = 0
         self.lost_writes = 0
@@ -83,6 +85,12 @@ class SimJournal(Journal):
             await self._committed.wait()
         await trio.lowlevel.checkpoint()
 
+    def when_durable(self, seq: int, fn: Callable[[], None]) -> None:
+        if seq <= self._durable_seq:
+            fn()
+        elif not self._fenced:  # a dead agent's callback never runs
+            self._waiters.add(seq, fn)
+
     def load(self) -> list[JournalRow]:
         return [msgspec.structs.replace(row) for row in self.rows.values()]
 
@@ -117,6 +125,7 @@ class SimJournal(Journal):
             self._durable_seq = batch[-1][0]
             self._committed.set()
             self._committed = trio.Event()
+            self._waiters.release(self._durable_seq)
 
     def _apply(self, op: str, payload: JournalRow | tuple[str, str, int]) -> None:
         if isinstance(payload, JournalRow):
@@ -142,5 +151,6 @@ class SimJournal(Journal):
         # still runs up to its next checkpoint must find its start NOT durable (or it would
         # act after its death). The next agent's writes get higher numbers.
         self._committed = trio.Event()
+        self._waiters.clear()
         self._wakeup = trio.Event()
         return lost

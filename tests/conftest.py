@@ -52,20 +52,6 @@ async def start_server(
     return LiveServer(agent, server, f"ws://127.0.0.1:{port}/v1", token or "", workspace)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(
-        reason="needs its call to start at once: on SQLite it starts once durable"
-    )
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if (
-            callspec is not None
-            and "sqlite" in (callspec.params.get("live"), callspec.params.get("make_server"))
-            and item.get_closest_marker("memory_journal")
-        ):
-            item.add_marker(skip)
-
-
 @pytest.fixture(params=["memory", "sqlite"])
 async def live(
     nursery: trio.Nursery, tmp_path: Path, request: pytest.FixtureRequest

@@ -222,10 +222,6 @@ async def test_interrupt_with_nothing_to_interrupt_still_answers(live: LiveServe
     assert same_bytes(fields(repeat), done["results"][0])
 
 
-# Cancels as soon as the wait has begun, which it does at once only when nothing waits for the
-# disk: with the SQLite journal the start waits for its commit, and a cancel before that rightly
-# ends the call `not_run`.
-@pytest.mark.memory_journal
 async def test_interrupt_closes_gates_and_ends_blocking_waits(live: LiveServer) -> None:
     calls = [
         spec("g1", "write_file", {"path": "gated.txt", "content": "x"}, approval=True),
@@ -256,10 +252,6 @@ async def test_interrupt_closes_gates_and_ends_blocking_waits(live: LiveServer) 
     assert {p["process_id"]: p["running"] for p in listing["data"]["processes"]} == {"bg": True}
 
 
-# Cancels as soon as the wait has begun, which it does at once only when nothing waits for the
-# disk: with the SQLite journal the start waits for its commit, and a cancel before that rightly
-# ends the call `not_run`.
-@pytest.mark.memory_journal
 async def test_calls_waiting_for_one_of_the_8_slots_end_not_run(live: LiveServer) -> None:
     # 12 calls in one segment: 8 run (blocking waits), 4 wait for a slot and never start.
     waits = process_waits(12)

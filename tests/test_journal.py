@@ -72,6 +72,20 @@ def test_a_corrupt_or_foreign_journal_is_refused_with_its_name(tmp_path: Path) -
         SqliteJournal(newer)
 
 
+def test_the_sync_level_is_what_sqlite_runs_with_and_a_wrong_one_is_named(
+    tmp_path: Path,
+) -> None:
+    # SQLite's numbering of `PRAGMA synchronous`: 1 NORMAL, 2 FULL.
+    for sync, level in (("full", 2), ("normal", 1)):
+        journal = SqliteJournal(tmp_path / f"{sync}.sqlite3", sync)
+        assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == level
+        assert journal._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        journal.close()
+    with pytest.raises(ValueError, match="'off'"):
+        SqliteJournal(tmp_path / "off.sqlite3", "off")
+    assert not (tmp_path / "off.sqlite3").exists()
+
+
 def test_the_memory_journal_keeps_nothing() -> None:
     journal = MemoryJournal()
     assert journal.write(_row("x")) == 0 and journal.is_durable(0) and journal.load() == []
@@ -158,9 +172,14 @@ async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_ag
         os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
 
 
-async def test_kill9_after_the_result_serves_it_again_byte_for_byte(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_kill9_after_the_result_serves_it_again_byte_for_byte(
+    tmp_path: Path, sync: str
+) -> None:
+    # Both sync levels keep every commit across a crash of the agent (docs/durability.md).
     args = {"command": "echo ran >> runs.txt; echo done"}
-    async with serve(tmp_path) as server:
+    async with serve(tmp_path, "--sync", sync) as server:
+        assert f"(sync {sync})" in server.stderr_path.read_text()
         async with connect(server.url, _token(tmp_path)) as conn:
             first = await conn.call("c", "x", "execute", args)
         await _kill9(server.process)
@@ -207,6 +226,43 @@ async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
         result = (await conn.recv_until(is_result("g")))[-1]
         assert result["outcome"] == "completed"
     assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
+
+
+async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path: Path) -> None:
+    """A read-only call journals no start (it has no effect a crash could forget): cut short by
+    a crash, it left no trace, so a repeat runs it again instead of ending `unknown`."""
+    journal = tmp_path / "state" / "journal.sqlite3"
+    wait = {"process_id": "bg", "wait": True, "wait_ms": 60_000}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            started = await conn.call("c", "bg", "execute",
+                                      {"command": "echo $$ > shell.pid; sleep 300"},
+                                      background=True)  # fmt: skip
+            assert started["type"] == "result"  # returned at once; the process runs on
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "w",
+                             "tool": "process_output", "args": wait})  # fmt: skip
+            accepted = await conn.recv_until(lambda m: m["type"] == "accepted")
+            assert accepted[-1]["call_id"] == "w" and accepted[-1]["state"] == "running"
+            # Commits are in order and a cancel tombstone is durable before its reply: after
+            # it, anything the waiting call journaled would be on disk.
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["barrier"]})
+            await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+            rows = {call_id for (call_id,) in db.execute("SELECT call_id FROM calls")}
+            db.close()
+            assert rows == {"bg", "barrier"}  # no row for the waiting read
+        await _kill9(server.process)
+    orphan = int((tmp_path / "ws" / "shell.pid").read_text())
+    try:
+        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+            repeat = await conn.call("c", "w", "process_output", wait)
+            accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
+            assert accepted["replay"] is False  # a new call: nothing of it survived
+            # The process was the dead agent's (not adopted): the read says so; it is not
+            # told `unknown` as a call that may have had an effect would be.
+            assert repeat["type"] == "result" and repeat["outcome"] != "unknown"
+    finally:
+        os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
 
 
 def test_a_corrupt_journal_stops_serve_with_the_file_named(tmp_path: Path) -> None:

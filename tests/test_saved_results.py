@@ -322,8 +322,8 @@ def test_a_result_not_yet_durable_stays_on_the_record_until_its_commit(tmp_path:
             chat: ChatActor = agent.chat(CHAT)
             first, repeat = Outbox(), Outbox()
             agent.call(first, CHAT, spec, stream=False, rid=None)
+            # A read has no start to journal: it runs at once, its result waits for the disk.
             await trio.testing.wait_all_tasks_blocked()
-            await step()  # the start is durable: the read runs, its result waits for the disk
             rec = chat.records.get("r")
             assert rec is not None and rec.done and not released(rec)
             saved = rec.result
@@ -408,9 +408,9 @@ def test_sqlite_recovers_rows_one_at_a_time_in_touch_order(tmp_path: Path) -> No
         )
         for i in range(60)
     ]
-    journal._commit([("INSERT INTO calls VALUES (?, ?, ?, ?)", (
+    journal._commit([(seq, "INSERT INTO calls VALUES (?, ?, ?, ?)", (
         row.chat_id, row.call_id, msgspec.msgpack.encode(row), row.touched_at_ms,
-    )) for row in rows])  # fmt: skip
+    )) for seq, row in enumerate(rows, 1)])  # fmt: skip
     recovered = journal.recover()
     first = next(recovered)  # a generator: rows come off the cursor as they are asked for
     order = [(r.touched_at_ms, r.chat_id, r.call_id) for r in [first, *recovered]]

@@ -406,10 +406,6 @@ async def test_cancel_of_a_gated_call_closes_the_gate(make_server: MakeServer) -
     assert not (server.workspace / "marker").exists()
 
 
-# Cancels as soon as the wait has begun, which it does at once only when nothing waits for the
-# disk: with the SQLite journal the start waits for its commit, and a cancel before that rightly
-# ends the call `not_run`.
-@pytest.mark.memory_journal
 async def test_cancel_of_a_blocking_process_output_ends_it(live: LiveServer) -> None:
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:

@@ -30,19 +30,22 @@ class ToolDef:
     name: str
     args_type: type[msgspec.Struct]
     kind: ToolKind
+    # Changes nothing outside the agent: no start row is journaled before it runs (there is
+    # no effect a crash could forget); its result is journaled before its reply like any other.
+    read_only: bool = False
 
 
 TOOLS: dict[str, ToolDef] = {
     tool.name: tool
     for tool in (
         ToolDef("execute", ExecuteArgs, ToolKind.EXECUTE),
-        ToolDef("process_output", ProcessOutputArgs, ToolKind.PROCESS),
+        ToolDef("process_output", ProcessOutputArgs, ToolKind.PROCESS, read_only=True),
         ToolDef("process_signal", ProcessSignalArgs, ToolKind.PROCESS),
-        ToolDef("process_list", ProcessListArgs, ToolKind.PROCESS),
-        ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE),
+        ToolDef("process_list", ProcessListArgs, ToolKind.PROCESS, read_only=True),
+        ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE, read_only=True),
         ToolDef("write_file", files.WriteFileArgs, ToolKind.INLINE),
         ToolDef("edit_files", files.EditFilesArgs, ToolKind.INLINE),
-        ToolDef("search_files", files.SearchFilesArgs, ToolKind.THREAD),
+        ToolDef("search_files", files.SearchFilesArgs, ToolKind.THREAD, read_only=True),
     )
 }
 

@@ -70,34 +70,53 @@ class Servers:
 @contextmanager
 def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     """Start the named servers as subprocesses (sharing one workspace and token); stop them
-    after. `echo`: raw trio-websocket echo; `toolwire`: the agent, memory journal;
-    `toolwire-nometrics`: the same with the operator's counters off (`/metrics` cost baseline);
-    `toolwire-sqlite`: the agent with the SQLite journal of `toolwire serve` (a state dir of its
-    own); `http`: the request/response baseline on the same actors."""
+    after. `echo`: stock trio-websocket echo; `echo-wsproto`: the fastest echo this machine
+    does in Python (wsproto on a raw trio stream, toolwire's write coalescing); `toolwire`: the
+    agent on `toolwire serve`'s defaults (SQLite journal in a state dir of its own, sync full);
+    `toolwire-normal`: the same with `--sync normal`; `toolwire-nometrics`: the same as
+    `toolwire` with the operator's counters off (`/metrics` cost baseline); `toolwire-memory`:
+    the memory journal (nothing survives a restart); `http`: the request/response baseline on
+    the same actors."""
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
+    agent = "toolwire.benchmarks.toolwire_server"
     modules = {
         "echo": ("toolwire.benchmarks.echo_server", []),
-        "toolwire": ("toolwire.benchmarks.toolwire_server", [f"--workspace={workspace}"]),
-        "toolwire-nometrics": (
-            "toolwire.benchmarks.toolwire_server",
-            [f"--workspace={workspace}", "--no-metrics"],
+        "echo-wsproto": ("toolwire.benchmarks.wsproto_echo_server", []),
+        "toolwire": (
+            agent,
+            [f"--workspace={workspace}", "--journal=sqlite", f"--state-dir={ctx.scratch('state')}"],
         ),
-        "toolwire-sqlite": (
-            "toolwire.benchmarks.toolwire_server",
+        "toolwire-normal": (
+            agent,
+            [
+                f"--workspace={workspace}",
+                "--journal=sqlite",
+                "--sync=normal",
+                f"--state-dir={ctx.scratch('state')}",
+            ],
+        ),
+        "toolwire-nometrics": (
+            agent,
             [
                 f"--workspace={workspace}",
                 "--journal=sqlite",
                 f"--state-dir={ctx.scratch('state')}",
+                "--no-metrics",
             ],
         ),
-        "http": ("toolwire.benchmarks.http_baseline", [f"--workspace={workspace}"]),
+        "toolwire-memory": (agent, [f"--workspace={workspace}", "--journal=memory"]),
+        # On the same journal as `toolwire`: the comparison is of the wire design alone.
+        "http": (
+            "toolwire.benchmarks.http_baseline",
+            [f"--workspace={workspace}", "--journal=sqlite", f"--state-dir={ctx.scratch('state')}"],
+        ),
     }
     procs: dict[str, ServerProcess] = {}
     try:
         for name in names:
             module, args = modules[name]
-            if name != "echo":
+            if not name.startswith("echo"):
                 args = [*args, f"--token={token}"]  # `=`: a token may start with "-"
             ctx.report(f"starting {module}")
             procs[name] = ServerProcess(ctx.python, module, args, ctx.workdir)

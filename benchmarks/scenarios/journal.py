@@ -1,87 +1,238 @@
-"""Scenario `journal`: what durability costs per call.
+"""Scenario `journal`: what durability costs per call, against the machine's own floor.
 
-Two agents run side by side, each in its own process: one with the SQLite journal that
-`toolwire serve` uses by default (WAL, synchronous=FULL, group commit on a worker thread), one
-with the memory journal (nothing survives a restart). The same trivial calls (`read_file`,
-`stream: false`, pipelined with a window of 64) and the same `execute true` calls (8 in flight)
-go to both. Every call costs the SQLite agent at least two durable writes before it may answer
-(the start before the effect, the result before the reply); group commit shares each fsync
-among every call queued meanwhile, which is what the window of 64 lets it do.
+Three agents run side by side, each in its own process: `toolwire serve`'s defaults (SQLite
+journal, WAL, `--sync full`), the same with `--sync normal`, and the memory journal (nothing
+survives a restart). The same calls go to each: trivial calls (`read_file`, `stream: false`)
+pipelined with a window of 64 and one at a time, and `execute true` one at a time. In the same
+run this process measures the floor of a durable call: a bare SQLite commit on the same file
+system (WAL, one small row per transaction) at each sync level.
+
+A trivial call journals one row (its result, before the reply: a read-only tool journals no
+start); `execute` journals two (the start before the spawn, the result before the reply).
+Group commit shares each fsync among every call queued meanwhile, which is what the window of
+64 lets it do.
 """
 
 from __future__ import annotations
 
-from toolwire.benchmarks.core import BenchContext, Comparison, ScenarioResult, run_side_by_side
+import os
+import sqlite3
+import statistics
+import time
+from pathlib import Path
+
+from toolwire.benchmarks.core import (
+    BenchContext,
+    Comparison,
+    Goal,
+    Measurement,
+    ScenarioResult,
+    run_side_by_side,
+)
 from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
-from toolwire.benchmarks.wire import Codec, pipelined_calls
+from toolwire.benchmarks.wire import Codec, WsConn, await_result, pipelined_calls
 
 WINDOW = 64
-PROCESS_WINDOW = 8
+# A trivial call at one in flight may wait for at most this many bare commits more than the
+# memory journal does (issue 14): one commit, plus half a commit for the loop's own work.
+COMMIT_BUDGET = 1.5
+SERVERS = {"full": "toolwire", "normal": "toolwire-normal", "memory": "toolwire-memory"}
+LABELS = {"full": "sqlite, sync full (serve's default)", "normal": "sqlite, sync normal",
+          "memory": "memory journal"}  # fmt: skip
+COMMIT_ROW = b"x" * 200
+
+
+def commit_latencies_ms(directory: Path, sync: str, n: int) -> list[float]:
+    """`n` bare SQLite transactions of one small row each, as the journal writes them (WAL, the
+    given synchronous level), on the file system of the agents' state dirs."""
+    path = directory / f"commit-{sync}.sqlite3"
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={sync.upper()}")
+        db.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
+        samples = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            db.execute("BEGIN")
+            db.execute("INSERT OR REPLACE INTO t VALUES (?, ?)", (str(i % 64), COMMIT_ROW))
+            db.execute("COMMIT")
+            samples.append((time.perf_counter() - t0) * 1000)
+        return samples
+    finally:
+        db.close()
+        for suffix in ("", "-wal", "-shm"):
+            with_suffix = Path(f"{path}{suffix}")
+            if with_suffix.exists():
+                os.unlink(with_suffix)
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
     res = ScenarioResult()
     n_calls = ctx.size(6_000, 200)
-    n_exec = ctx.size(600, 40)
-    repeats = ctx.repeats(3)
+    n_single = ctx.size(1_500, 60)
+    n_exec = ctx.size(300, 20)
+    n_commits = ctx.size(1_000, 50)
+    repeats = ctx.repeats(5)
     res.params = {
         "window": WINDOW,
-        "trivial_calls": n_calls,
-        "execute_calls": n_exec,
-        "execute_window": PROCESS_WINDOW,
+        "pipelined_trivial_calls": n_calls,
+        "single_trivial_calls": n_single,
+        "single_execute_calls": n_exec,
+        "bare_commits": n_commits,
         "repeats": repeats,
-        "sqlite": "WAL, synchronous=FULL, group commit",
+        "sqlite": "WAL, group commit on the journal's writer thread",
+        "commit_budget": COMMIT_BUDGET,
     }
-    labels = {"toolwire": "memory journal", "toolwire-sqlite": "sqlite journal"}
-    trivial = {
-        name: res.measurement(f"trivial_{name}", f"trivial calls, {label}", "calls/s")
-        for name, label in labels.items()
-    }
+    pipelined = {
+        k: res.measurement(f"trivial_pipelined_{k}", f"trivial calls, 64 in flight, {v}",
+                           "calls/s")
+        for k, v in LABELS.items()
+    }  # fmt: skip
+    single = {
+        k: res.measurement(f"trivial_single_{k}", f"trivial call, one at a time, {v}", "ms",
+                           higher_is_better=False)
+        for k, v in LABELS.items()
+    }  # fmt: skip
     execute = {
-        name: res.measurement(f"execute_{name}", f"execute true, {label}", "calls/s")
-        for name, label in labels.items()
+        k: res.measurement(f"execute_single_{k}", f"execute true, one at a time, {v}", "calls/s")
+        for k, v in LABELS.items()
     }
+    commit = {
+        sync: res.measurement(f"commit_{sync}", f"bare SQLite commit, WAL, synchronous={sync}",
+                              "ms", higher_is_better=False)
+        for sync in ("full", "normal")
+    }  # fmt: skip
+    budget = res.measurement(
+        "trivial_single_budget",
+        f"memory journal's p50 + {COMMIT_BUDGET}x the bare commit (sync full)",
+        "ms",
+        higher_is_better=False,
+    )
+    scratch = ctx.scratch("commits")
 
-    with servers(ctx, "toolwire", "toolwire-sqlite") as srv:
+    with servers(ctx, *SERVERS.values()) as srv:
 
-        def calls(name: str, tool: str, args: dict[str, str], n: int, window: int, r: int) -> None:
+        def trivial_pipelined(key: str, r: int) -> None:
             codec = Codec("json")
-            chat = f"journal-{tool}-{name}-{r}"
-            frames = [codec.call(chat, f"c{i}", tool, args, stream=False) for i in range(n)]
-            warm = [codec.call(chat, f"w{i}", tool, args, stream=False) for i in range(min(n, 50))]
-            target = trivial if tool == "read_file" else execute
+            chat = f"journal-pipelined-{key}-{r}"
+            frames = [
+                codec.call(chat, f"c{i}", "read_file", TRIVIAL_ARGS, stream=False)
+                for i in range(n_calls)
+            ]
+            warm = [
+                codec.call(chat, f"w{i}", "read_file", TRIVIAL_ARGS, stream=False)
+                for i in range(min(n_calls, 300))
+            ]
             timed_ws(
-                srv[name],
-                lambda c: pipelined_calls(c, codec, frames, window),
+                srv[SERVERS[key]],
+                lambda c: pipelined_calls(c, codec, frames, WINDOW),
                 token=srv.token,
                 subprotocol=codec.subprotocol,
-                warmup=lambda c: pipelined_calls(c, codec, warm, window),
-            ).record(target[name])
+                warmup=lambda c: pipelined_calls(c, codec, warm, WINDOW),
+            ).record(pipelined[key])
+
+        def one_at_a_time(key: str, tool: str, r: int) -> None:
+            codec = Codec("json")
+            trivial = tool == "read_file"
+            args = TRIVIAL_ARGS if trivial else {"command": "true"}
+            n = n_single if trivial else n_exec
+            chat = f"journal-single-{tool}-{key}-{r}"
+            latencies: list[float] = []
+
+            async def body(conn: WsConn) -> int:
+                for i in range(n):
+                    t0 = time.perf_counter()
+                    await conn.ws.send_message(codec.call(chat, f"c{i}", tool, args, stream=False))
+                    await await_result(conn, codec, f"c{i}")
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                return n
+
+            async def warmup(conn: WsConn) -> None:
+                for i in range(20):
+                    await conn.ws.send_message(codec.call(chat, f"w{i}", tool, args, stream=False))
+                    await await_result(conn, codec, f"w{i}")
+
+            timed = timed_ws(
+                srv[SERVERS[key]], body, token=srv.token, subprotocol=codec.subprotocol,
+                warmup=warmup,
+            )  # fmt: skip
+            if trivial:
+                add_latencies(single[key], latencies)
+            else:
+                timed.record(execute[key])
+
+        def bare_commits(r: int) -> None:
+            for sync, m in commit.items():
+                add_latencies(m, commit_latencies_ms(scratch, sync, n_commits))
 
         variants = [
-            lambda r, name=name, tool=tool: calls(
-                name,
-                tool,
-                TRIVIAL_ARGS if tool == "read_file" else {"command": "true"},
-                n_calls if tool == "read_file" else n_exec,
-                WINDOW if tool == "read_file" else PROCESS_WINDOW,
-                r,
-            )
-            for name in labels
-            for tool in ("read_file", "execute")
+            *(lambda r, k=k: trivial_pipelined(k, r) for k in SERVERS),
+            *(lambda r, k=k: one_at_a_time(k, "read_file", r) for k in SERVERS),
+            *(lambda r, k=k: one_at_a_time(k, "execute", r) for k in SERVERS),
+            bare_commits,
         ]
         run_side_by_side(ctx, "journal", variants, repeats)
 
+    # Per repeat: what the goal allows a trivial call at one in flight on serve's defaults.
+    for mem_p50, commit_p50 in zip(single["memory"].values, commit["full"].values, strict=True):
+        budget.add(mem_p50 + COMMIT_BUDGET * commit_p50)
+
     res.comparisons = [
         Comparison(
-            "trivial calls/s with the sqlite journal vs the memory journal",
-            "trivial_toolwire-sqlite",
-            "trivial_toolwire",
+            "trivial calls, 64 in flight: serve's defaults (sqlite, sync full) vs memory journal",
+            "trivial_pipelined_full",
+            "trivial_pipelined_memory",
+            goal=Goal("ratio>=", 0.9, ">= 0.9x memory"),
         ),
         Comparison(
-            "execute true calls/s with the sqlite journal vs the memory journal",
-            "execute_toolwire-sqlite",
-            "execute_toolwire",
+            f"trivial call p50, one at a time: serve's defaults vs memory p50 + "
+            f"{COMMIT_BUDGET}x bare commit",
+            "trivial_single_full",
+            "trivial_single_budget",
+            goal=Goal("ratio<=", 1.0, f"<= memory p50 + {COMMIT_BUDGET}x commit"),
+        ),
+        Comparison(
+            "trivial call p50, one at a time: serve's defaults vs memory journal",
+            "trivial_single_full",
+            "trivial_single_memory",
+        ),
+        Comparison(
+            "execute true, one at a time: serve's defaults vs memory journal",
+            "execute_single_full",
+            "execute_single_memory",
+            goal=Goal("ratio>=", 0.85, ">= 0.85x memory"),
+        ),
+        Comparison(
+            "trivial calls, 64 in flight: sync normal vs memory journal",
+            "trivial_pipelined_normal",
+            "trivial_pipelined_memory",
+        ),
+        Comparison(
+            "trivial call p50, one at a time: sync normal vs memory journal",
+            "trivial_single_normal",
+            "trivial_single_memory",
+        ),
+        Comparison(
+            "execute true, one at a time: sync normal vs memory journal",
+            "execute_single_normal",
+            "execute_single_memory",
+        ),
+        Comparison(
+            "bare SQLite commit p50 (WAL, synchronous=FULL): the floor of a durable call",
+            "commit_full",
+            None,
+            stat="p50",
+        ),
+        Comparison(
+            "bare SQLite commit p50 (WAL, synchronous=NORMAL)", "commit_normal", None, stat="p50"
         ),
     ]
     return res
+
+
+def add_latencies(m: Measurement, samples: list[float]) -> None:
+    """One repeat of a latency: its p50 as the repeat's value (so ratios pair repeats), and
+    every sample pooled for the p50/p99 over the run."""
+    m.add(statistics.median(samples))
+    m.samples.extend(samples)

@@ -4,7 +4,9 @@ toolwire runs `head -c N /dev/zero` with `stream: true` in the server process an
 counts the output bytes it is sent (from each `output` event's offset and length), the retention
 jumps it sees (an event starting past the bytes received so far: the client fell behind by more
 than the 1 MiB retention), and the total the result reports. The baseline is the same command in
-plain trio: `trio.lowlevel.open_process` and a `receive_some` loop on its stdout.
+plain trio: `trio.lowlevel.open_process` and a `receive_some` loop on its stdout, with the pipe
+grown to the size toolwire grows a busy pipe to (`actors/processes.py` BULK_PIPE_BYTES, by
+F_SETPIPE_SZ) and reads of that size, as toolwire's own reads.
 
 The output is NUL bytes, as the issue's command makes them. JSON escapes each as `\\u0000` (6 bytes
 a byte); MessagePack carries the string as is. Both encodings are measured, msgpack is the row
@@ -13,11 +15,14 @@ with the goal: it is the encoding for bulk output.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import time
 
 import trio
 
+from toolwire.actors.processes import BULK_PIPE_BYTES
 from toolwire.benchmarks.core import (
     BenchContext,
     Comparison,
@@ -31,7 +36,6 @@ from toolwire.benchmarks.scenarios.common import servers
 from toolwire.benchmarks.wire import Codec, UnexpectedReply, ws_connect
 
 MB = 1_000_000
-PIPE_READ_BYTES = 64 * 1024
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
@@ -137,10 +141,14 @@ async def _trio_pipe(argv: list[str], size: int, m: Measurement) -> None:
     t0 = time.perf_counter()
     proc = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE)
     assert proc.stdout is not None
+    read_bytes = 64 * 1024  # the default pipe's size, if growing it is refused (as toolwire)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
+        read_bytes = fcntl.fcntl(proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
     received = 0
     try:
         while True:
-            data = await proc.stdout.receive_some(PIPE_READ_BYTES)
+            data = await proc.stdout.receive_some(read_bytes)
             if not data:
                 break
             received += len(data)

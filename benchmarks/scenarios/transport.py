@@ -1,12 +1,15 @@
 """Scenario `transport`: toolwire's trivial calls against the raw WebSocket echo limit.
 
-Both servers run in their own processes; this process is the client. The echo server returns
+The servers run in their own processes; this process is the client. Two echo servers return
 200-byte messages over one connection, one at a time (ping-pong) and pipelined with a window of
-64 in flight; toolwire answers trivial calls (`read_file` of a 300-byte file, `stream: false`)
-over one connection, pipelined with the same window of 64 and one at a time. A toolwire call is
-at least three messages (`call`, `accepted`, `result`), an echo is two. The pipelined JSON calls
-also run against a second agent with its operator's counters off (`--no-metrics`): what
-counting for `/metrics` costs the hot path.
+64 in flight: stock trio-websocket, and the best echo this machine does in Python (wsproto on a
+raw trio stream with toolwire's write coalescing, `benchmarks/wsproto_echo_server.py`). toolwire
+answers trivial calls (`read_file` of a 300-byte file, `stream: false`) over one connection,
+pipelined with the same window of 64 and one at a time, on `toolwire serve`'s defaults (SQLite
+journal, sync full); the memory journal is measured beside it. A toolwire call is at least
+three messages (`call`, `accepted`, `result`), an echo is two. The pipelined JSON calls also run
+against a second agent on the same defaults with its operator's counters off (`--no-metrics`):
+what counting for `/metrics` costs the hot path.
 """
 
 from __future__ import annotations
@@ -44,7 +47,13 @@ def run(ctx: BenchContext) -> ScenarioResult:
     }
     m_echo = res.measurement("echo_pipelined", "raw echo, pipelined (window 64)", "msgs/s")
     m_pong = res.measurement("echo_pingpong", "raw echo, ping-pong", "msgs/s")
+    m_fast = res.measurement(
+        "echo_wsproto_pipelined", "wsproto echo, pipelined (window 64)", "msgs/s"
+    )
     m_tw = res.measurement("toolwire_pipelined", "toolwire calls, pipelined (window 64)", "calls/s")
+    m_twmem = res.measurement(
+        "toolwire_memory_pipelined", "toolwire calls, pipelined, memory journal", "calls/s"
+    )
     m_twmp = res.measurement(
         "toolwire_pipelined_msgpack", "toolwire calls, pipelined, msgpack", "calls/s"
     )
@@ -54,19 +63,22 @@ def run(ctx: BenchContext) -> ScenarioResult:
         "toolwire calls, pipelined (window 64), metrics off",
         "calls/s",
     )
+    recorded_as = {"toolwire": m_tw, "toolwire-memory": m_twmem, "toolwire-nometrics": m_off}
     payload = "x" * MESSAGE_BYTES
 
-    with servers(ctx, "echo", "toolwire", "toolwire-nometrics") as srv:
+    with servers(
+        ctx, "echo", "echo-wsproto", "toolwire", "toolwire-memory", "toolwire-nometrics"
+    ) as srv:
         echo, tw = srv["echo"], srv["toolwire"]
 
-        def echo_pipelined(r: int) -> None:
+        def echo_pipelined(r: int, server: str = "echo") -> None:
             frames: list[str | bytes] = [payload] * n_echo
             warm: list[str | bytes] = [payload] * min(n_echo, 500)
             timed_ws(
-                echo,
+                srv[server],
                 lambda c: pipelined_echo(c, frames, WINDOW),
                 warmup=lambda c: pipelined_echo(c, warm, WINDOW),
-            ).record(m_echo)
+            ).record(m_echo if server == "echo" else m_fast)
 
         def echo_pingpong(r: int) -> None:
             async def body(conn: WsConn) -> int:
@@ -77,9 +89,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
             timed_ws(echo, body).record(m_pong)
 
-        def toolwire_pipelined(r: int, encoding: str = "json", metrics: bool = True) -> None:
+        def toolwire_pipelined(r: int, encoding: str = "json", server: str = "toolwire") -> None:
             codec = Codec(encoding)
-            chat = f"transport-{encoding}-{r}"
+            chat = f"transport-{encoding}-{server}-{r}"
             frames = [
                 codec.call(chat, f"c{i}", "read_file", TRIVIAL_ARGS, stream=False)
                 for i in range(n_calls)
@@ -88,14 +100,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 codec.call(chat, f"w{i}", "read_file", TRIVIAL_ARGS, stream=False)
                 for i in range(min(n_calls, 500))
             ]
-            measurement = m_tw if encoding == "json" else m_twmp
+            m = recorded_as[server] if encoding == "json" else m_twmp
             timed_ws(
-                tw if metrics else srv["toolwire-nometrics"],
+                srv[server],
                 lambda c: pipelined_calls(c, codec, frames, WINDOW),
                 token=srv.token,
                 subprotocol=codec.subprotocol,
                 warmup=lambda c: pipelined_calls(c, codec, warm, WINDOW),
-            ).record(measurement if metrics else m_off)
+            ).record(m)
 
         def toolwire_single(r: int) -> None:
             codec = Codec("json")
@@ -115,10 +127,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
         variants = [
             echo_pipelined,
+            lambda r: echo_pipelined(r, "echo-wsproto"),
             echo_pingpong,
             toolwire_pipelined,
             # Right after its metrics-on twin: the pair meets the same machine load.
-            lambda r: toolwire_pipelined(r, metrics=False),
+            lambda r: toolwire_pipelined(r, server="toolwire-nometrics"),
+            lambda r: toolwire_pipelined(r, server="toolwire-memory"),
             lambda r: toolwire_pipelined(r, "msgpack"),
             toolwire_single,
         ]
@@ -130,6 +144,16 @@ def run(ctx: BenchContext) -> ScenarioResult:
             "toolwire_pipelined",
             "echo_pipelined",
             goal=Goal("ratio>=", 0.5, ">= 0.5x echo msgs/s"),
+        ),
+        Comparison(
+            "trivial calls (pipelined, JSON) vs the best Python echo (wsproto, coalesced)",
+            "toolwire_pipelined",
+            "echo_wsproto_pipelined",
+        ),
+        Comparison(
+            "trivial calls (pipelined, JSON), memory journal, vs raw echo messages",
+            "toolwire_memory_pipelined",
+            "echo_pipelined",
         ),
         Comparison(
             "trivial calls (pipelined, msgpack) vs raw echo messages",
