@@ -4,9 +4,11 @@ Both shells (`session.py` on trio, `aio.py` on asyncio) feed it what happens (a 
 opened with a `welcome`, a frame arrived, the connection was lost, the caller sent a request or
 gave up on one) and carry out what it returns (a frame to send now, or none; a delay before
 reconnecting, or stop). Everything that affects what the client sends or what a handle sees
-lives in this file, in the style of h11's connection state: rids; pending requests and how each
-reply resolves one; call and turn handles; what a new connection must follow again and re-send,
-in which order and from which byte offset; what is failed when; and backoff.
+lives here, in the style of h11's connection state: rids; pending requests; call and turn
+handles; what a new connection must follow again and re-send, in which order and from which
+byte offset; what is failed when; and when to reconnect. Two parts are split out only to keep
+modules small: replies.py (how each agent message resolves a request or feeds a handle) and
+requests.py (the request record, and backoff as a pure function of attempt and random source).
 
 The one thing it is given from outside is `make_flag` (trio.Event or asyncio.Event, see
 handles.py): the handles it completes are awaited by the caller on the shell's loop.
