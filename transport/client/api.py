@@ -73,7 +73,6 @@ class ClientAPI:
             raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
         self.url = url
         self.encoding: Encoding = encoding
-        self.reconnect = reconnect
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._host = parts.hostname
@@ -95,6 +94,15 @@ class ClientAPI:
         )
 
     # -- state -------------------------------------------------------------------------------
+
+    @property
+    def reconnect(self) -> bool:
+        """Whether a lost connection is re-established (else what is unfinished fails)."""
+        return self._state.reconnect
+
+    @reconnect.setter
+    def reconnect(self, value: bool) -> None:
+        self._state.reconnect = value
 
     @property
     def connections(self) -> int:
