@@ -14,9 +14,11 @@ order; an `approve` is never re-sent.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import random
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -285,6 +287,29 @@ class ClientStateMachine(RuleBasedStateMachine):
 
 ClientStateMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40)
 test_client_state_machine = ClientStateMachine.TestCase
+
+
+SHARED_MODULES = ("state", "replies", "requests", "handles", "cursor", "errors", "api")
+LOOP_OR_IO = {"trio", "trio_websocket", "asyncio", "websockets", "socket", "ssl", "wsproto"}
+
+
+def test_the_shared_client_modules_import_no_event_loop_and_no_socket() -> None:
+    """Both shells share every decision only while the shared modules stay loop-agnostic."""
+    folder = Path(__file__).resolve().parent.parent / "transport" / "client"
+    for name in SHARED_MODULES:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+        }
+        allowed = {"ssl"} if name == "api" else set()  # api.py only builds the TLS context
+        assert not (imported & LOOP_OR_IO) - allowed, (name, imported & LOOP_OR_IO)
 
 
 @given(
