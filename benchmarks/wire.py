@@ -1,6 +1,6 @@
 """The benchmark's WebSocket client side: raw trio-websocket + msgspec, with byte counting.
 
-The hot loops do not use `transport/client.py`: a benchmark driver should cost as little as it
+The hot loops do not use `transport/client/`: a benchmark driver should cost as little as it
 can, and the echo baseline is driven by the very same code, so whatever the client costs, it
 costs both sides alike. Bytes are counted where they meet the socket (`CountingStream`), both
 directions, after the handshake unless a caller asks otherwise.

@@ -32,12 +32,41 @@ def test_the_wheel_installs_exactly_one_top_level_name(tmp_path: Path) -> None:
     dist_info = {t for t in top if t.endswith(".dist-info")}
     assert top - dist_info == {"toolwire"}, sorted(top)
     assert len(dist_info) == 1
-    # Every module of every mapped folder is in the wheel, under `toolwire.`.
-    for folder in FOLDERS:
+    # Every module of every mapped folder is in the wheel, under `toolwire.`, and so is every
+    # module of the package root (`toolwire.aio` among them).
+    for folder in (*FOLDERS, "toolwire"):
         for source in (ROOT / folder).rglob("*.py"):
-            assert f"toolwire/{source.relative_to(ROOT)}" in names, source
+            relative = source.relative_to(ROOT)
+            path = relative if folder == "toolwire" else Path("toolwire", relative)
+            assert path.as_posix() in names, source
+    assert "toolwire/aio.py" in names and "toolwire/transport/client/aio.py" in names
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info.pop()}/entry_points.txt").decode()
     assert "toolwire = toolwire.cli.main:main" in entry_points
+
+
+def test_toolwire_and_toolwire_aio_import_in_a_fresh_interpreter() -> None:
+    # A fresh process: what a user's `python -c "import toolwire, toolwire.aio"` does.
+    done = subprocess.run(
+        [sys.executable, "-c", "import toolwire, toolwire.aio; print(toolwire.aio.__name__)"],
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "toolwire.aio"
+
+
+def test_the_asyncio_client_is_reexported_from_toolwire_aio() -> None:
+    import toolwire
+    import toolwire.aio
+    from toolwire.transport.client import aio
+
+    assert toolwire.aio.connect is aio.connect and toolwire.aio.Client is aio.Client
+    # The handles and errors are the trio client's own classes: code may catch either.
+    assert toolwire.aio.CallHandle is toolwire.CallHandle
+    assert toolwire.aio.ConnectError is toolwire.ConnectError
+    for name in toolwire.aio.__all__:
+        assert getattr(toolwire.aio, name) is not None, name
 
 
 def test_the_public_api_is_reexported_from_toolwire() -> None:

@@ -1,5 +1,5 @@
 """A deliberately small, independent protocol client for tests: raw trio-websocket + JSON or
-msgpack, speaking only what PROTOCOL.md says (not transport/client.py), the way a third-party
+msgpack, speaking only what PROTOCOL.md says (not transport/client/), the way a third-party
 client author would."""
 
 from __future__ import annotations

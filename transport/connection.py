@@ -8,8 +8,8 @@ calls the session's synchronous `on_message` for each message instead, so a burs
 requests is applied in one go and the reader checkpoints only once per socket read.
 
 Everything else stays trio-websocket's: the handshake, close handshake, pings and pongs all go
-through `WebSocketConnection` unchanged. This overrides one internal method
-(`_handle_message_event`), which is why pyproject.toml pins trio-websocket.
+through `WebSocketConnection` unchanged. The hook into its reader, and every other private name
+of trio-websocket, goes through `transport/ws_private.py`.
 
 What the override must keep, and how:
 - A message split over several frames or reads is joined before it is delivered.
@@ -34,9 +34,11 @@ import logging
 from typing import Protocol, cast
 
 import trio
-from trio_websocket import CloseReason, WebSocketConnection, WebSocketRequest
+from trio_websocket import WebSocketRequest
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import BytesMessage, CloseConnection, TextMessage
+from wsproto.events import BytesMessage, TextMessage
+
+from toolwire.transport import ws_private
 
 log = logging.getLogger("toolwire.server")
 
@@ -59,7 +61,7 @@ class MessageSink(Protocol):
         """Return once the sink is no longer backlogged (or is gone)."""
 
 
-class DirectConnection(WebSocketConnection):
+class DirectConnection(ws_private.MessageHookConnection):
     """A server connection whose messages go to a `MessageSink` instead of a channel."""
 
     def __init__(
@@ -92,8 +94,8 @@ class DirectConnection(WebSocketConnection):
         self._sink = None
         self._sink_attached.set()
 
-    async def _handle_message_event(self, event: BytesMessage | TextMessage) -> None:
-        if self._refusing or self._close_reason is not None:
+    async def on_message_event(self, event: BytesMessage | TextMessage) -> None:
+        if self._refusing or ws_private.close_reason(self) is not None:
             # Once this side started closing, trio-websocket discards what still arrives.
             return
         data: str | bytes | bytearray = event.data
@@ -151,10 +153,7 @@ class DirectConnection(WebSocketConnection):
         # Like trio-websocket's own 1009 path: this runs in the reader task, so it must not
         # wait for the close handshake (only this task could complete it).
         self._refusing = True
-        if self._close_reason is None:
-            self._close_reason = CloseReason(CLOSE_INTERNAL_ERROR, "internal error")
-            await self._send(CloseConnection(code=CLOSE_INTERNAL_ERROR, reason="internal error"))
-        await self._recv_channel.aclose()
+        await ws_private.close_from_reader(self, CLOSE_INTERNAL_ERROR, "internal error")
 
 
 async def open_server_connection(
@@ -169,6 +168,6 @@ async def open_server_connection(
     connection = DirectConnection(
         stream, max_message_bytes=max_message_bytes, receive_buffer_size=receive_buffer_size
     )
-    nursery.start_soon(connection._reader_task)
-    request = await connection._get_request()
+    ws_private.start_reader(nursery, connection)
+    request = await ws_private.wait_for_request(connection)
     return connection, request

@@ -21,14 +21,13 @@ from typing import Any
 import msgspec
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
-from wsproto.connection import ConnectionState
 
 from toolwire.actors import events
 from toolwire.actors.agent import Agent
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
 from toolwire.actors.results import Result, ToolwireError
-from toolwire.transport import access_control, access_log, frames, http_status, protocol
+from toolwire.transport import access_control, access_log, frames, http_status, protocol, ws_private
 from toolwire.transport.buffered import WriteBufferedStream
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
 from toolwire.transport.connection import DirectConnection, open_server_connection
@@ -256,9 +255,9 @@ class BatchWriter:
     Why: `WebSocketConnection.send_message` takes the send lock per message, and taking it is a
     scheduler checkpoint, so every message costs a task switch and usually its own `send`
     syscall. Per-message overhead, not the codec, bounds small-message throughput (issue 6).
-    The frames are made by `transport/frames.py` straight from msgspec's bytes. This uses two
-    internals of trio-websocket (its wsproto connection, for the state, and its send lock),
-    which is why pyproject.toml pins trio-websocket; the state and locking rules are the ones
+    The frames are made by `transport/frames.py` straight from msgspec's bytes. This uses
+    internals of trio-websocket (its wsproto connection's state, its send lock, its close
+    reason) through `transport/ws_private.py`; the state and locking rules are the ones
     `send_message` follows, so frames from the reader (pongs, close) never interleave with ours
     and no data frame follows a close frame.
     """
@@ -266,8 +265,7 @@ class BatchWriter:
     def __init__(self, ws: WebSocketConnection, stream: WriteBufferedStream, *, text: bool) -> None:
         self._ws = ws
         self._stream = stream
-        self._wsproto = ws._wsproto
-        self._lock: trio.StrictFIFOLock = ws._stream_lock
+        self._lock = ws_private.send_lock(ws)
         self._first = frames.TEXT if text else frames.BINARY
 
     async def send(self, payloads: list[bytes]) -> None:
@@ -275,14 +273,14 @@ class BatchWriter:
         if not payloads:
             return
         ws = self._ws
-        if ws._close_reason is not None:
-            raise ConnectionClosed(ws._close_reason)
+        if ws_private.close_reason(ws) is not None:
+            raise ConnectionClosed(ws_private.close_reason(ws))
         parts = frames.frame_parts(self._first, payloads)
         async with self._lock:
             # Checked under the lock: a close frame may have gone out while we waited for it.
-            if self._wsproto.state is not ConnectionState.OPEN:
+            if not ws_private.is_open(ws):
                 # The connection started closing under us: like send_message, report it closed.
-                raise ConnectionClosed(ws._close_reason)
+                raise ConnectionClosed(ws_private.close_reason(ws))
             await self._stream.send_parts(parts)
 
 

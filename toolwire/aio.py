@@ -1,0 +1,35 @@
+"""The asyncio client: the same API as `toolwire.connect` (the trio client), on asyncio and the
+`websockets` library, for chat servers on FastAPI, Starlette or aiohttp. Needs the extra:
+`pip install 'toolwire[asyncio]'`. Handles, results and errors are the same classes as the trio
+client's, re-exported here for convenience."""
+
+from __future__ import annotations
+
+from toolwire.transport.client import (
+    CallEvent,
+    CallHandle,
+    ConnectError,
+    ConnectionLost,
+    Detached,
+    MessageTooBig,
+    OutputCursor,
+    RequestError,
+    ToolwireClientError,
+    TurnHandle,
+)
+from toolwire.transport.client.aio import Client, connect
+
+__all__ = [
+    "CallEvent",
+    "CallHandle",
+    "Client",
+    "ConnectError",
+    "ConnectionLost",
+    "Detached",
+    "MessageTooBig",
+    "OutputCursor",
+    "RequestError",
+    "ToolwireClientError",
+    "TurnHandle",
+    "connect",
+]

@@ -1,0 +1,141 @@
+"""How each message from the agent changes `ClientState` (part of the state machine, pure: no
+I/O, no event loop): a reply by `rid` resolves our request, a call event goes to the call's
+handle (once per byte, once per event, see handles.py), an approval to the approvals stream."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+from toolwire.transport import protocol
+from toolwire.transport.client.errors import RequestError
+from toolwire.transport.client.requests import Key, RequestState
+
+if TYPE_CHECKING:
+    from toolwire.transport.client.state import ClientState
+
+__all__ = ["MAX_KEPT_ERRORS", "apply"]
+
+log = logging.getLogger("toolwire.client")
+
+# Unmatched `error` messages kept in `ClientState.errors`; the oldest go first. Each is logged.
+MAX_KEPT_ERRORS: Final = 1000
+_CALL_EVENTS = (
+    protocol.Output,
+    protocol.Started,
+    protocol.ResultMessage,
+    protocol.Approval,
+    protocol.ApprovalResolved,
+)
+
+
+def apply(state: ClientState, message: Any) -> None:
+    """Route one decoded agent message: replies by `rid` to our requests, call events by
+    `(chat_id, call_id)` to handles, approvals to the approvals stream."""
+    rid = message.rid if isinstance(getattr(message, "rid", None), int) else None
+    request = state.pending.get(rid) if rid is not None else None
+    if isinstance(message, _CALL_EVENTS):
+        _on_call_event(state, message)
+    elif isinstance(message, protocol.Accepted):
+        if request is not None and request.handle is not None:
+            del state.pending[request.rid]
+            request.handle._on_accepted(message, state.gen)
+            request.finish()
+        elif message.rid is None:  # a call of a turn: "as if sent as a call" (5.0)
+            handle = state.handles.get((message.chat_id, message.call_id))
+            if handle is not None:
+                handle._on_accepted(message, state.gen)
+    elif isinstance(message, protocol.CancelResult):
+        if request is not None and request.kind == "cancel":
+            request.cancel_results[message.call_id] = message
+            if all(call_id in request.cancel_results for call_id in request.cancel_ids):
+                del state.pending[request.rid]
+                request.finish()
+    elif isinstance(message, protocol.TurnPlan):
+        turn = state.turns.get((message.chat_id, message.turn_id))
+        if turn is not None:
+            turn._on_plan(message.segments)
+        if request is not None and request.kind == "turn":
+            del state.pending[request.rid]
+            request.finish()
+    elif isinstance(message, protocol.TurnResult):
+        ended = state.turns.pop((message.chat_id, message.turn_id), None)
+        if ended is not None:
+            ended._on_results(message.results)
+    elif isinstance(message, protocol.Interrupted):
+        if request is not None and request.kind == "interrupt":
+            del state.pending[request.rid]
+            request.interrupted = message
+            request.finish()
+    elif isinstance(message, protocol.Error):
+        _on_error(state, message, request)
+    # A `welcome` is only the first message of a connection (the shell reads it), and the
+    # decoder yields no other types.
+
+
+def _on_call_event(state: ClientState, message: Any) -> None:
+    key = (message.chat_id, message.call_id)
+    if isinstance(message, protocol.Approval):
+        if key not in state.open_gates:
+            state.open_gates.add(key)
+            state.approvals.put(message)
+    elif isinstance(message, protocol.ApprovalResolved):
+        state.open_gates.discard(key)
+        _gate_closed(state, key, message)
+    elif isinstance(message, protocol.ResultMessage):
+        state.open_gates.discard(key)
+    handle = state.handles.get(key)
+    # Events count only after this connection accepted the handle's request: anything
+    # earlier belongs to an earlier request for the same call (an ended handle).
+    if handle is None or handle.live_gen != state.gen:
+        return
+    handle._on_event(message)
+    if handle.done:
+        del state.handles[key]
+
+
+def _gate_closed(state: ClientState, key: Key, message: protocol.ApprovalResolved) -> None:
+    """An `approve` of ours is answered by the `approval_resolved` carrying our decision
+    (docs/protocol.md: there is no direct reply). Another decision closed the gate first
+    if it differs: then our error (`not_parked`) is on its way."""
+    for request in list(state.pending.values()):
+        if request.kind != "approve" or request.sent_gen is None:
+            continue
+        approve: protocol.Approve = request.message
+        if (approve.chat_id, approve.call_id) != key:
+            continue
+        if message.decision == ("approved" if approve.approved else "denied"):
+            del state.pending[request.rid]
+            request.resolved = message
+            request.finish()
+
+
+def _on_error(state: ClientState, message: protocol.Error, request: RequestState | None) -> None:
+    if request is None:
+        log.warning(
+            "error from the agent for no request of ours: %s: %s", message.code, message.message
+        )
+        state.errors.append(message)
+        del state.errors[:-MAX_KEPT_ERRORS]
+        return
+    del state.pending[request.rid]
+    error = RequestError(message.code, message.message, message)
+    for handle in request.created:
+        key = (handle.chat_id, handle.call_id)
+        if not handle.was_accepted:
+            if state.handles.get(key) is handle:
+                del state.handles[key]
+            handle._fail(error)
+    if request.internal and request.handle is not None:
+        # A re-attach failed (the agent no longer knows the call): the handle cannot end.
+        key = (request.handle.chat_id, request.handle.call_id)
+        if state.handles.get(key) is request.handle:
+            del state.handles[key]
+        request.handle._fail(error)
+    turn = request.turn
+    if turn is not None and (turn.segments is None or request.internal):
+        key = (turn.chat_id, turn.turn_id)
+        if state.turns.get(key) is turn:
+            del state.turns[key]
+        turn._fail(error)
+    request.finish(error)
