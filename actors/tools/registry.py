@@ -66,6 +66,14 @@ def parse_args(tool: ToolDef, args: Any) -> msgspec.Struct:
         parsed = msgspec.convert(args, tool.args_type)
     except msgspec.ValidationError as exc:
         raise ToolwireError("bad_args", f"{tool.name}: {_args_path(str(exc))}") from None
+    process_id = getattr(parsed, "process_id", None)
+    if isinstance(process_id, str) and not process_id.isprintable():
+        # An id like the protocol's own (PROTOCOL.md 9.9): printable characters only.
+        raise ToolwireError(
+            "bad_args",
+            f"{tool.name}: `args.process_id` must hold printable characters only "
+            "(no control, format or line separator characters, a trailing newline included)",
+        )
     if tool.kind in (ToolKind.INLINE, ToolKind.THREAD):
         try:
             files.check_args(parsed)  # type: ignore[arg-type]
