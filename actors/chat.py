@@ -210,10 +210,17 @@ class ChatActor:
         if record is None:
             raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
         runtime = self._runtime(record)
-        sub = runtime.subs.pop(outbox, None)
-        if sub is not None:
+        sub = runtime.subs.get(outbox)
+        if sub is None:
+            return
+        if sub.results_owed or sub.results_queued:
+            # Its events stop now, but each request already made still gets its `accepted`
+            # (queued) and its one `result` (PROTOCOL.md 9.9): the subscription stays for them.
+            sub.detached = True
+        else:
+            del runtime.subs[outbox]
             sub.active = False
-            self._maybe_close_output(record)
+        self._maybe_close_output(record)
 
     def approve(self, outbox: Outbox, call_id: str, approved: bool, rid: Any) -> None:
         record = self.records.get(call_id)
@@ -228,7 +235,7 @@ class ChatActor:
         decision = "approved" if approved else "denied"
         gates.resolve(self, record, decision)
         sub = self._runtime(record).subs.get(outbox)
-        if sub is None or not sub.active or not (sub.stream or sub.resolved_events):
+        if sub is None or not sub.active or sub.detached or not (sub.stream or sub.resolved_events):
             # The approver learns that its answer took effect even when it does not follow the
             # call (another replica raised the gate): the one reply an `approve` gets.
             outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
@@ -343,6 +350,7 @@ class ChatActor:
             runtime.subs[outbox] = sub
             if runtime.process is not None:
                 sub.buffer = runtime.process.output
+        sub.detached = False  # a new request on this connection follows the call again
         sub.stream = sub.stream or stream
         return sub
 
@@ -359,6 +367,10 @@ class ChatActor:
         """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
         turn just created: `replay` False)."""
         runtime = self._runtime(record)
+        before = runtime.subs.get(outbox)
+        # Already streaming output to this connection for an earlier request: that request's
+        # output must not be skipped, so the cursor only ever moves back (PROTOCOL.md 9.9).
+        was_following = before is not None and before.following
         sub = self._subscribe(outbox, record, stream=stream)
         outbox.put(
             AcceptedEvent(
@@ -377,26 +389,29 @@ class ChatActor:
             gates.announce(self, record, only=sub)
         if runtime.done.is_set():
             # Published means durable: a result is never sent before the journal holds it.
-            if from_offset is None:
-                # A repeat of an ended call gets its result only; but a result still queued for
-                # an earlier request on this connection keeps the output it owes (no gaps).
-                if sub.results_queued == 0:
-                    sub.finished = True
-            else:
-                sub.finished = False
-                sub.cursor = from_offset
-            # Counted as queued while it is read back from the journal, so that a repeat
-            # meanwhile still leaves the output this request owes (see just above).
+            # A repeated `call` of an ended call gets its result only; an `attach` replays the
+            # retained output from its offset first. Either comes after this `accepted` and
+            # leaves the live cursor alone: a result still queued for an earlier request on
+            # this connection keeps the output it owes (PROTOCOL.md 9.9).
+            if not was_following:
+                # No live output for this connection: a process that outlived its call (a
+                # timeout) goes on printing, but no output follows a result.
+                sub.finished = True
+            # Counted as queued while it is read back from the journal.
             sub.results_queued += 1
+            if from_offset is not None:
+                sub.replays_pending += 1
 
             def send(results: list[Result]) -> None:
                 sub.results_queued -= 1
-                outbox.put_result(sub, ResultEvent(self.chat_id, record.call_id, results[0]))
+                event = ResultEvent(self.chat_id, record.call_id, results[0])
+                outbox.put_replay(sub, event, from_offset)
 
             self._deliver([record], send)
             return
+        wanted = from_offset or 0
+        sub.cursor = min(sub.cursor, wanted) if was_following else wanted
         sub.finished = False
-        sub.cursor = from_offset or 0
         if runtime.started is not None:
             outbox.put(runtime.started, sub)
         sub.output_ready()
@@ -442,7 +457,7 @@ class ChatActor:
 
     def _publish(self, record: ToolCallRecord, event: Event) -> None:
         for sub in self._runtime(record).subs.values():
-            if sub.active:
+            if sub.active and not sub.detached:
                 sub.outbox.put(event, sub)
 
     def _output_arrived(self, record: ToolCallRecord) -> None:
