@@ -27,6 +27,7 @@ from toolwire.actors.events import (
     ApprovalResolvedEvent,
     Event,
     OutputEvent,
+    ResultEvent,
     StartedEvent,
 )
 from toolwire.actors.output import OutputBuffer
@@ -211,17 +212,19 @@ class Outbox:
                     self.put_output(sub)  # more is ready: go round again, after the others
                 output_bytes += sub.cursor - cursor
             elif kind is _Kind.RESULT:
-                if sub.stream and not sub.finished:
-                    self._read_output(sub, out, once=False)
-                sub.finished = True
                 assert event is not None
+                if sub.stream and not sub.finished:
+                    self._read_output(sub, out, once=False, final_at=_ended_at(event))
+                sub.finished = True
                 out.append(event)
+                if sub.on_caught_up is not None:
+                    sub.on_caught_up()  # no output follows: the buffer need not wait for it
             elif kind is _Kind.REPLAY:
+                assert event is not None
                 if replay_from >= 0:
                     sub.replays_pending -= 1
                     if sub.stream and not sub.detached:
-                        self._replay_output(sub, replay_from, out)
-                assert event is not None
+                        self._replay_output(sub, replay_from, out, _ended_at(event))
                 out.append(event)
                 if replay_from >= 0 and sub.on_caught_up is not None:
                     sub.on_caught_up()
@@ -244,14 +247,17 @@ class Outbox:
                 out.append(event)
         return out
 
-    def _read_output(self, sub: Subscription, out: list[Event], *, once: bool) -> bool:
-        """Append output events from the cursor; True if more is ready after `once` read."""
+    def _read_output(
+        self, sub: Subscription, out: list[Event], *, once: bool, final_at: int | None = None
+    ) -> bool:
+        """Append output events from the cursor; True if more is ready after `once` read.
+        `final_at`: where the call's output ended (see `OutputBuffer.read`)."""
         buffer = sub.buffer
         if buffer is None or sub.finished or not sub.stream or sub.detached:
             return False
         got = False
         while True:
-            chunk = buffer.read(sub.cursor, self.output_chunk_bytes)
+            chunk = buffer.read(sub.cursor, self.output_chunk_bytes, final_at=final_at)
             if chunk is None:
                 break
             got = True
@@ -266,14 +272,21 @@ class Outbox:
             sub.on_caught_up()
         return more
 
-    def _replay_output(self, sub: Subscription, offset: int, out: list[Event]) -> None:
+    def _replay_output(
+        self, sub: Subscription, offset: int, out: list[Event], final_at: int | None
+    ) -> None:
         """Append the retained output from `offset` to the end, for one replay."""
         buffer = sub.buffer
         if buffer is None:
             return
         while True:
-            chunk = buffer.read(offset, self.output_chunk_bytes)
+            chunk = buffer.read(offset, self.output_chunk_bytes, final_at=final_at)
             if chunk is None:
                 return
             out.append(OutputEvent(sub.chat_id, sub.call_id, chunk.offset, chunk.data))
             offset = chunk.next_offset
+
+
+def _ended_at(event: Event) -> int | None:
+    """Where the call's output ended, for a `result` event: its `output_bytes`."""
+    return event.result.output_bytes if isinstance(event, ResultEvent) else None

@@ -187,3 +187,40 @@ async def test_an_attach_from_far_ahead_never_skips_output_an_earlier_call_still
             assert wsclient.streamed(conn, "k") == "cccc\ndddd\n"
             types = [m["type"] for m in wsclient.messages(conn, "k")]
             assert types.count("accepted") == 2 and types[-2:] == ["result", "result"]
+
+
+@pytest.mark.parametrize("end", ["exit", "cancel", "timeout"])
+async def test_an_incomplete_character_at_the_end_reaches_followers_as_a_replacement(
+    live: LiveServer, end: str
+) -> None:
+    """PROTOCOL.md 9.9: when a command ends, an incomplete UTF-8 sequence at the end of its
+    output goes to followers as U+FFFD at its offset, so output stitched by offset reaches
+    `output_bytes`; an attach from that offset gets it too. (Followers used to get offsets up
+    to 13 of 14 only, and an attach from 13 got nothing.)"""
+    # 13 ASCII bytes, then the first byte of a three-byte character (U+20AC is E2 82 AC).
+    command = r"printf 'hello world!!\342'"
+    extra: dict[str, Any] = {}
+    if end != "exit":
+        command += "; sleep 30"
+    if end == "timeout":
+        extra["timeout_ms"] = 300
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "k", "tool": "execute",
+                             "args": {"command": command}} | extra)  # fmt: skip
+            if end == "cancel":
+                await wsclient.wait_for(conn, wsclient.of("output", "k"))
+                await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["k"]})
+            result = await wsclient.wait_for(conn, wsclient.is_result("k"))
+            assert result["output_bytes"] == 14, result
+            outputs = wsclient.messages(conn, "k", "output")
+            assert "".join(m["data"] for m in outputs) == "hello world!!\ufffd"
+            last = outputs[-1]  # the U+FFFD stands for the byte at offset 13
+            assert last["data"].endswith("\ufffd")
+            assert last["offset"] + len(last["data"][:-1].encode()) == 13, outputs
+        async with live.connect() as late:
+            await late.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 13})
+            await late.recv_until(wsclient.is_result("k"))
+            assert [(m["offset"], m["data"]) for m in wsclient.messages(late, "k", "output")] == [
+                (13, "\ufffd")
+            ]
