@@ -5,8 +5,10 @@ writing a record), so trio's cooperative scheduling makes each transition atomic
 Work that takes time (a process, a thread-run search, a parked gate, a turn) runs as a task in
 this chat's nursery and reports back through the same synchronous methods.
 
-Failure containment: an exception inside one call saves that call's `unknown` result
-(PROTOCOL.md 7); it never takes down the chat, another chat or the connection.
+Failure containment: an exception inside one call, while admitting, journaling or running it,
+ends that call with a result (`not_run` with the agent-failure text of PROTOCOL.md 9.10 when its
+effect cannot have started, else `unknown`); it never takes down the chat, another chat or the
+connection, and a request that got `accepted` never gets an `error` too (`_fail`).
 
 This module is the coordinator: requests, following, launching and publishing results. Tool
 runs, execute runs, turns, gates, cancels, the result lane and the journal hooks live in modules
@@ -53,6 +55,8 @@ from toolwire.actors.records import (
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.result_lane import ResultLane, saved_result
 from toolwire.actors.results import (
+    TEXT_AGENT_FAILURE,
+    TEXT_AGENT_FAILURE_BEFORE_RUN,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_DENIED,
     Outcome,
@@ -183,7 +187,6 @@ class ChatActor:
         if admission is Admission.CONFLICT:
             raise conflict_error(record)
         if admission is Admission.NEW:
-            self._forget_some()
             runtime = CallRuntime(spec=spec, parsed=parsed)
             record.runtime = runtime
             sub = self._subscribe(outbox, record, stream=stream)
@@ -193,6 +196,11 @@ class ChatActor:
                 AcceptedEvent(self.chat_id, spec.call_id, False, state, record.requests, rid), sub
             )
             sub.results_owed += 1
+            # From here on the request has its reply: nothing may raise out of it any more.
+            try:
+                self._forget_some()
+            except Exception:
+                log.exception("forgetting old records failed", extra=self._log_extra(record))
             self._start(record, gated=gated)
             return
         self._journal_touch(record)
@@ -241,7 +249,7 @@ class ChatActor:
             outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
         if approved:
             self.records.unpark(record)
-            self._launch(record)
+            self._start(record, gated=False)
         else:
             self._finish(record, self._plain_result(record, Outcome.DENIED, TEXT_DENIED))
 
@@ -488,19 +496,39 @@ class ChatActor:
         return spec.approval or spec.tool in self.ctx.approve_tools
 
     def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
-        """A queued record's turn has come: park it at its gate or run it."""
+        """A queued record's turn has come: park it at its gate or run it. Never raises: a
+        failure ends the call (`_fail`)."""
         if record.state is not RecordState.QUEUED:
             return
-        if gated:
-            self.records.park(record)
-            runtime = self._runtime(record)
-            runtime.gate = trio.Event()
-            self._journal_write(record)
-            gates.announce(self, record)
-            if self.ctx.approval_timeout_s is not None:
-                self._spawn(gates.expire, self, record, runtime.gate)
-            return
-        self._launch(record)
+        try:
+            if gated:
+                self.records.park(record)
+                runtime = self._runtime(record)
+                self._journal_write(record)
+                runtime.gate = trio.Event()
+                gates.announce(self, record)
+                if self.ctx.approval_timeout_s is not None:
+                    self._spawn(gates.expire, self, record, runtime.gate)
+                return
+            self._launch(record)
+        except Exception:
+            self._fail(record)
+
+    def _fail(self, record: ToolCallRecord) -> None:
+        """An exception inside the agent while admitting, journaling or running this call
+        (call from an `except` block): end the call truthfully, so that no request, repeat,
+        attach, cancel or interrupt waits on it forever (PROTOCOL.md 9.9)."""
+        log.exception(
+            "tool call %s failed inside the agent", record.call_id, extra=self._log_extra(record)
+        )
+        gates.resolve(self, record, "canceled")  # a gate already announced is closed
+        self._finish(record, self._failure_result(record))
+
+    def _failure_result(self, record: ToolCallRecord) -> Result:
+        runtime = self._runtime(record)
+        if record.effect_started and not runtime.start_pending:
+            return self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
+        return self._plain_result(record, Outcome.NOT_RUN, TEXT_AGENT_FAILURE_BEFORE_RUN)
 
     def _launch(self, record: ToolCallRecord) -> None:
         runtime = self._runtime(record)
@@ -516,6 +544,7 @@ class ChatActor:
             # path of the "trivial call" benchmark.
             seq = self._begin(record)
             if self.ctx.journal.is_durable(seq):
+                runtime.start_pending = False
                 tool_runs.finish_guarded(
                     self, record, lambda: tool_runs.run_inline(self, tool, runtime)
                 )
@@ -532,6 +561,7 @@ class ChatActor:
         self.records.begin(record)
         record.started_at_ms = self.ctx.wall_ms()
         runtime = self._runtime(record)
+        runtime.start_pending = True
         if runtime.spec.timeout_ms:
             # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
             record.deadline = self._now() + runtime.spec.timeout_ms / 1000
@@ -548,6 +578,7 @@ class ChatActor:
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             )
             return False
+        self._runtime(record).start_pending = False  # the effect may happen from here on
         return True
 
     # -----------------------------------------------------------------------------------------
@@ -574,11 +605,34 @@ class ChatActor:
         # The age of a record counts from its end too: a call that ran longer than forget_after_s
         # must not be forgotten (and run again on a retry) the moment it ends.
         self.records.touch(record, self._now())
-        seq = self._journal_write(record)
+        try:
+            seq = self._journal_write(record)
+        except Exception:
+            seq = self._result_not_journaled(record)
         if self.ctx.journal.is_durable(seq):
             self._publish_result(record)
         else:
             self._spawn(self._publish_when_durable, record, seq)
+
+    def _result_not_journaled(self, record: ToolCallRecord) -> int:
+        """The journal refused the row of a finished record (call from an `except` block).
+        The call ends as an agent failure (PROTOCOL.md 9.9), saved if the journal takes that
+        row; if not, it is answered from memory (a restart then finds the row before it, or
+        none: nothing ran, or `unknown`). Returns the sequence number to wait for."""
+        log.exception(
+            "journaling the result of %s failed", record.call_id, extra=self._log_extra(record)
+        )
+        self.records.amend(record, self._failure_result(record))
+        try:
+            return self._journal_write(record)
+        except Exception:
+            log.exception(
+                "journaling the agent failure of %s failed too",
+                record.call_id,
+                extra=self._log_extra(record),
+            )
+        self._runtime(record).unsaved = True
+        return 0  # durable in every journal: nothing more will be
 
     async def _publish_when_durable(self, record: ToolCallRecord, seq: int) -> None:
         await self.ctx.journal.wait_durable(seq)
@@ -598,7 +652,7 @@ class ChatActor:
                 sub.outbox.put_result(sub, event)
         self._maybe_close_output(record)
         self._maybe_release(record)
-        if self.ctx.journal.keeps_results:
+        if self.ctx.journal.keeps_results and not runtime.unsaved:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
             self._results.put((self.chat_id, record.call_id), self.records.release_result(record))

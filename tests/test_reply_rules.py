@@ -7,14 +7,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 from tests import wsclient
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, MakeServer
 from tests.wsclient import FrameConn
+from toolwire.actors.calls import CallSpec
+from toolwire.actors.events import (
+    AcceptedEvent,
+    ErrorEvent,
+    Event,
+    ResultEvent,
+    TurnResultEvent,
+)
+from toolwire.actors.journal import SqliteJournal
+from toolwire.actors.outbox import Outbox
 
 Message = dict[str, Any]
 
@@ -224,3 +235,86 @@ async def test_an_incomplete_character_at_the_end_reaches_followers_as_a_replace
             assert [(m["offset"], m["data"]) for m in wsclient.messages(late, "k", "output")] == [
                 (13, "\ufffd")
             ]
+
+
+AGENT_FAILURE_BEFORE_RUN = "tool call failed inside the agent before it ran; no changes were made"
+
+
+async def _events_until(outbox: Outbox, done: Callable[[list[Event]], bool]) -> list[Event]:
+    got: list[Event] = []
+    while not done(got):
+        await outbox.wait()
+        got += outbox.take()
+    return got
+
+
+@pytest.mark.parametrize("how", ["call", "gated", "turn"])
+async def test_a_call_the_journal_cannot_store_ends_not_run_and_nothing_waits_on_it(
+    make_server: MakeServer, tmp_path: Path, how: str
+) -> None:
+    """PROTOCOL.md 9.9: a failure while admitting or journaling a call ends it `not_run` with
+    the agent-failure text of 9.10 when its effect cannot have started; the request that got
+    `accepted` gets no `error`, and repeats, attaches, cancels and interrupts all get replies.
+
+    The wire refuses the values that used to reach the SQLite journal's encoder (an integer of
+    2**70 in args), so the request is applied through the agent's own API, behind the decoder,
+    on a real server whose other requests come over the wire. (It used to raise out of the
+    request after `accepted`, the server answered `error{internal}` too, the record stayed
+    running forever, and later attaches, cancels and interrupts hung.)"""
+    server = await make_server(journal=SqliteJournal(tmp_path / "state" / "journal.sqlite3"))
+    marker = server.workspace / "marker"
+    args = {"command": f"echo ran >> {marker}", "z": 2**70}
+    outbox = Outbox("in-process")
+    with trio.fail_after(TEST_DEADLINE_S):
+        if how == "turn":
+            spec = CallSpec("k", "execute", args)
+            server.agent.turn(outbox, "c", "t", [spec], stream=True, rid=1)
+            got = await _events_until(
+                outbox, lambda got: any(isinstance(e, TurnResultEvent) for e in got)
+            )
+        else:
+            spec = CallSpec("k", "execute", args, approval=how == "gated")
+            server.agent.call(outbox, "c", spec, stream=True, rid=1)
+            got = await _events_until(
+                outbox, lambda got: any(isinstance(e, ResultEvent) for e in got)
+            )
+        accepted = [e for e in got if isinstance(e, AcceptedEvent)]
+        results = [e.result for e in got if isinstance(e, ResultEvent)]
+        assert len(accepted) == 1 and len(results) == 1, got
+        assert not any(isinstance(e, ErrorEvent) for e in got), got
+        assert (results[0].outcome, results[0].text) == ("not_run", AGENT_FAILURE_BEFORE_RUN)
+        async with server.connect() as conn:
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "rid": 2})
+            attached = await wsclient.wait_for(conn, wsclient.is_result("k"))
+            assert attached["text"] == AGENT_FAILURE_BEFORE_RUN
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["k"], "rid": 3})
+            canceled = await wsclient.wait_for(conn, wsclient.of("cancel_result", "k"))
+            assert canceled["result"]["text"] == AGENT_FAILURE_BEFORE_RUN
+            await conn.send({"type": "interrupt", "chat_id": "c", "rid": 4})
+            await wsclient.wait_for(conn, lambda m: m["type"] == "interrupted")
+            # The chat goes on: a new call in it runs.
+            result = await conn.call("c", "next", "execute", {"command": "echo next"})
+            assert result["outcome"] == "completed", result
+    assert not marker.exists()
+
+
+async def test_execute_args_no_process_can_take_are_bad_args_up_front(live: LiveServer) -> None:
+    """A NUL character (or an env name with `=`) cannot reach a process: refused as bad_args
+    before `accepted`, rather than failing inside the agent after it (PROTOCOL.md 9.9)."""
+    cases = [
+        ({"command": "echo a\0b"}, "args.command"),
+        ({"command": "true", "cwd": "a\0"}, "args.cwd"),
+        ({"command": "true", "env": {"A=B": "x"}}, "args.env"),
+        ({"command": "true", "env": {"": "x"}}, "args.env"),
+        ({"command": "true", "env": {"A": "x\0"}}, "args.env.A"),
+    ]
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            for i, (args, where) in enumerate(cases):
+                await conn.send({"type": "call", "chat_id": "c", "call_id": f"k{i}",
+                                 "tool": "execute", "args": args, "rid": i})  # fmt: skip
+                reply = await conn.recv()
+                assert reply["type"] == "error" and reply["code"] == "bad_args", reply
+                assert where in reply["message"] and reply["rid"] == i, reply
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": "k0"})
+            assert (await conn.recv())["code"] == "unknown_call"
