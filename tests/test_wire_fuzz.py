@@ -631,6 +631,23 @@ class WireFuzz(RuleBasedStateMachine):
         self.call(conn, chat, call_id, False, False, True, False)
         self.attach(conn, chat, call_id, from_offset)
 
+    @rule(
+        conn=conns,
+        chat=chats,
+        call_id=call_ids,
+        from_offset=st.sampled_from(ATTACH_OFFSETS),
+        wait=st.sampled_from([0.0, 0.06, 0.5]),
+    )
+    def call_wait_then_call_and_attach(
+        self, conn: int, chat: str, call_id: str, from_offset: int, wait: float
+    ) -> None:
+        """A call, a wait (it may end meanwhile), then a repeat and an attach back to back on
+        the same connection: replays of ended calls, and cursors of running ones."""
+        self.call(conn, chat, call_id, False, False, True, False)
+        self.steps.append(("pause", wait))
+        self.call(conn, chat, call_id, False, False, True, False)
+        self.attach(conn, chat, call_id, from_offset)
+
     @rule(conn=conns, chat=chats, ids=st.lists(call_ids, min_size=1, max_size=3, unique=True))
     def cancel(self, conn: int, chat: str, ids: list[str]) -> None:
         self.steps.append(("cancel", {"conn": conn, "chat": chat, "call_ids": ids}))
