@@ -415,7 +415,9 @@ class Checker:
                         # An attach names only a call the agent has (else: unknown_call).
                         naming[(g, req.chat, req.call_id)].append((idx, conn, req.rid, False))
                     resets[ck].append(req.from_offset)
-                    floor[ck] = max(floor.get(ck, 0), req.from_offset)
+                    # A repeated request moves the cursor only back (PROTOCOL.md 9.9): an attach
+                    # from ahead never excuses output an earlier request still owes.
+                    floor[ck] = min(floor.get(ck, req.from_offset), req.from_offset)
                 elif isinstance(req, TurnReq):
                     turns.setdefault((req.chat, req.turn_id), [s.call_id for s in req.specs])
                     turn_reqs.append((idx, conn, req))
@@ -466,8 +468,7 @@ class Checker:
                 continue
             if isinstance(req, CallReq | AttachReq | TurnReq):
                 call = req.spec.call_id if isinstance(req, CallReq) else getattr(req, "call_id", "")
-                if (conn, req.chat, call) in detached:
-                    continue  # a detach withdraws what the connection was still owed
+                # A detach does not withdraw a reply (PROTOCOL.md 9.9): no excuse for it.
                 got = answered_rid[(conn, rid)]
                 if got != n:
                     fail(
@@ -477,7 +478,7 @@ class Checker:
                     )
         for ck, n in sorted(owed.items()):
             conn = ck[0]
-            if conn not in closed or ck in detached:
+            if conn not in closed:
                 continue  # owed nothing more; getting more than asked is reported as it happens
             if accepted[ck] != n:
                 fail(
