@@ -53,6 +53,11 @@ class CallRuntime:
     limiter: trio.CapacityLimiter | None = None  # a turn's "at most 8 at once"
     # A blocking wait (process_output) has no process of its own to stop: a cancel ends it here.
     wait_scope: trio.CancelScope | None = None
+    # Between `_begin` (the record says RUNNING) and the durable start that lets the effect
+    # happen: a failure in between ends the call `not_run`, since nothing can have started.
+    start_pending: bool = False
+    # Its result could not be journaled: it stays on the heap, never read back from the journal.
+    unsaved: bool = False
 
 
 def conflict_error(record: ToolCallRecord) -> ToolwireError:

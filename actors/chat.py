@@ -5,8 +5,10 @@ writing a record), so trio's cooperative scheduling makes each transition atomic
 Work that takes time (a process, a thread-run search, a parked gate, a turn) runs as a task in
 this chat's nursery and reports back through the same synchronous methods.
 
-Failure containment: an exception inside one call saves that call's `unknown` result
-(PROTOCOL.md 7); it never takes down the chat, another chat or the connection.
+Failure containment: an exception inside one call, while admitting, journaling or running it,
+ends that call with a result (`not_run` with the agent-failure text of PROTOCOL.md 9.10 when its
+effect cannot have started, else `unknown`); it never takes down the chat, another chat or the
+connection, and a request that got `accepted` never gets an `error` too (`_fail`).
 
 This module is the coordinator: requests, following, launching and publishing results. Tool
 runs, execute runs, turns, gates, cancels, the result lane and the journal hooks live in modules
@@ -54,6 +56,8 @@ from toolwire.actors.records import (
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.result_lane import ResultLane, saved_result
 from toolwire.actors.results import (
+    TEXT_AGENT_FAILURE,
+    TEXT_AGENT_FAILURE_BEFORE_RUN,
     TEXT_CANCELED_BEFORE_RUN,
     Outcome,
     Result,
@@ -184,7 +188,6 @@ class ChatActor:
         if admission is Admission.CONFLICT:
             raise conflict_error(record)
         if admission is Admission.NEW:
-            self._forget_some()
             runtime = CallRuntime(spec=spec, parsed=parsed)
             record.runtime = runtime
             sub = self._subscribe(outbox, record, stream=stream)
@@ -194,6 +197,11 @@ class ChatActor:
                 AcceptedEvent(self.chat_id, spec.call_id, False, state, record.requests, rid), sub
             )
             sub.results_owed += 1
+            # From here on the request has its reply: nothing may raise out of it any more.
+            try:
+                self._forget_some()
+            except Exception:
+                log.exception("forgetting old records failed", extra=self._log_extra(record))
             self._start(record, gated=gated)
             return
         self._journal_touch(record)
@@ -211,10 +219,17 @@ class ChatActor:
         if record is None:
             raise ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
         runtime = self._runtime(record)
-        sub = runtime.subs.pop(outbox, None)
-        if sub is not None:
+        sub = runtime.subs.get(outbox)
+        if sub is None:
+            return
+        if sub.results_owed or sub.results_queued:
+            # Its events stop now, but each request already made still gets its `accepted`
+            # (queued) and its one `result` (PROTOCOL.md 9.9): the subscription stays for them.
+            sub.detached = True
+        else:
+            del runtime.subs[outbox]
             sub.active = False
-            self._maybe_close_output(record)
+        self._maybe_close_output(record)
 
     def approve(
         self, outbox: Outbox, call_id: str, approved: bool, rid: Any, reason: str | None = None
@@ -231,13 +246,13 @@ class ChatActor:
         decision = "approved" if approved else "denied"
         gates.resolve(self, record, decision)
         sub = self._runtime(record).subs.get(outbox)
-        if sub is None or not sub.active or not (sub.stream or sub.resolved_events):
+        if sub is None or not sub.active or sub.detached or not (sub.stream or sub.resolved_events):
             # The approver learns that its answer took effect even when it does not follow the
             # call (another replica raised the gate): the one reply an `approve` gets.
             outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
         if approved:
             self.records.unpark(record)
-            self._launch(record)
+            self._start(record, gated=False)
         else:
             denied = text_denied(reason)
             self._finish(record, self._plain_result(record, Outcome.DENIED, denied))
@@ -347,6 +362,7 @@ class ChatActor:
             runtime.subs[outbox] = sub
             if runtime.process is not None:
                 sub.buffer = runtime.process.output
+        sub.detached = False  # a new request on this connection follows the call again
         sub.stream = sub.stream or stream
         return sub
 
@@ -363,6 +379,10 @@ class ChatActor:
         """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
         turn just created: `replay` False)."""
         runtime = self._runtime(record)
+        before = runtime.subs.get(outbox)
+        # Already streaming output to this connection for an earlier request: that request's
+        # output must not be skipped, so the cursor only ever moves back (PROTOCOL.md 9.9).
+        was_following = before is not None and before.following
         sub = self._subscribe(outbox, record, stream=stream)
         outbox.put(
             AcceptedEvent(
@@ -381,26 +401,29 @@ class ChatActor:
             gates.announce(self, record, only=sub)
         if runtime.done.is_set():
             # Published means durable: a result is never sent before the journal holds it.
-            if from_offset is None:
-                # A repeat of an ended call gets its result only; but a result still queued for
-                # an earlier request on this connection keeps the output it owes (no gaps).
-                if sub.results_queued == 0:
-                    sub.finished = True
-            else:
-                sub.finished = False
-                sub.cursor = from_offset
-            # Counted as queued while it is read back from the journal, so that a repeat
-            # meanwhile still leaves the output this request owes (see just above).
+            # A repeated `call` of an ended call gets its result only; an `attach` replays the
+            # retained output from its offset first. Either comes after this `accepted` and
+            # leaves the live cursor alone: a result still queued for an earlier request on
+            # this connection keeps the output it owes (PROTOCOL.md 9.9).
+            if not was_following:
+                # No live output for this connection: a process that outlived its call (a
+                # timeout) goes on printing, but no output follows a result.
+                sub.finished = True
+            # Counted as queued while it is read back from the journal.
             sub.results_queued += 1
+            if from_offset is not None:
+                sub.replays_pending += 1
 
             def send(results: list[Result]) -> None:
                 sub.results_queued -= 1
-                outbox.put_result(sub, ResultEvent(self.chat_id, record.call_id, results[0]))
+                event = ResultEvent(self.chat_id, record.call_id, results[0])
+                outbox.put_replay(sub, event, from_offset)
 
             self._deliver([record], send)
             return
+        wanted = from_offset or 0
+        sub.cursor = min(sub.cursor, wanted) if was_following else wanted
         sub.finished = False
-        sub.cursor = from_offset or 0
         if runtime.started is not None:
             outbox.put(runtime.started, sub)
         sub.output_ready()
@@ -446,7 +469,7 @@ class ChatActor:
 
     def _publish(self, record: ToolCallRecord, event: Event) -> None:
         for sub in self._runtime(record).subs.values():
-            if sub.active:
+            if sub.active and not sub.detached:
                 sub.outbox.put(event, sub)
 
     def _output_arrived(self, record: ToolCallRecord) -> None:
@@ -477,19 +500,39 @@ class ChatActor:
         return spec.approval or spec.tool in self.ctx.approve_tools
 
     def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
-        """A queued record's turn has come: park it at its gate or run it."""
+        """A queued record's turn has come: park it at its gate or run it. Never raises: a
+        failure ends the call (`_fail`)."""
         if record.state is not RecordState.QUEUED:
             return
-        if gated:
-            self.records.park(record)
-            runtime = self._runtime(record)
-            runtime.gate = trio.Event()
-            self._journal_write(record)
-            gates.announce(self, record)
-            if self.ctx.approval_timeout_s is not None:
-                self._spawn(gates.expire, self, record, runtime.gate)
-            return
-        self._launch(record)
+        try:
+            if gated:
+                self.records.park(record)
+                runtime = self._runtime(record)
+                self._journal_write(record)
+                runtime.gate = trio.Event()
+                gates.announce(self, record)
+                if self.ctx.approval_timeout_s is not None:
+                    self._spawn(gates.expire, self, record, runtime.gate)
+                return
+            self._launch(record)
+        except Exception:
+            self._fail(record)
+
+    def _fail(self, record: ToolCallRecord) -> None:
+        """An exception inside the agent while admitting, journaling or running this call
+        (call from an `except` block): end the call truthfully, so that no request, repeat,
+        attach, cancel or interrupt waits on it forever (PROTOCOL.md 9.9)."""
+        log.exception(
+            "tool call %s failed inside the agent", record.call_id, extra=self._log_extra(record)
+        )
+        gates.resolve(self, record, "canceled")  # a gate already announced is closed
+        self._finish(record, self._failure_result(record))
+
+    def _failure_result(self, record: ToolCallRecord) -> Result:
+        runtime = self._runtime(record)
+        if record.effect_started and not runtime.start_pending:
+            return self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
+        return self._plain_result(record, Outcome.NOT_RUN, TEXT_AGENT_FAILURE_BEFORE_RUN)
 
     def _launch(self, record: ToolCallRecord) -> None:
         runtime = self._runtime(record)
@@ -505,6 +548,7 @@ class ChatActor:
             # path of the "trivial call" benchmark.
             seq = self._begin(record)
             if self.ctx.journal.is_durable(seq):
+                runtime.start_pending = False
                 tool_runs.finish_guarded(
                     self, record, lambda: tool_runs.run_inline(self, tool, runtime)
                 )
@@ -527,6 +571,7 @@ class ChatActor:
         self.records.begin(record)
         record.started_at_ms = self.ctx.wall_ms()
         runtime = self._runtime(record)
+        runtime.start_pending = True
         if runtime.spec.timeout_ms:
             # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
             record.deadline = self._now() + runtime.spec.timeout_ms / 1000
@@ -549,6 +594,7 @@ class ChatActor:
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             )
             return False
+        self._runtime(record).start_pending = False  # the effect may happen from here on
         return True
 
     # -----------------------------------------------------------------------------------------
@@ -575,13 +621,36 @@ class ChatActor:
         # The age of a record counts from its end too: a call that ran longer than forget_after_s
         # must not be forgotten (and run again on a retry) the moment it ends.
         self.records.touch(record, self._now())
-        seq = self._journal_write(record)
+        try:
+            seq = self._journal_write(record)
+        except Exception:
+            seq = self._result_not_journaled(record)
         if self.ctx.journal.is_durable(seq):
             self._publish_result(record)
         else:
             # Published by the commit that makes it durable, with every other result that
             # commit covers: no task per call.
             self.ctx.journal.when_durable(seq, lambda: self._publish_result(record))
+
+    def _result_not_journaled(self, record: ToolCallRecord) -> int:
+        """The journal refused the row of a finished record (call from an `except` block).
+        The call ends as an agent failure (PROTOCOL.md 9.9), saved if the journal takes that
+        row; if not, it is answered from memory (a restart then finds the row before it, or
+        none: nothing ran, or `unknown`). Returns the sequence number to wait for."""
+        log.exception(
+            "journaling the result of %s failed", record.call_id, extra=self._log_extra(record)
+        )
+        self.records.amend(record, self._failure_result(record))
+        try:
+            return self._journal_write(record)
+        except Exception:
+            log.exception(
+                "journaling the agent failure of %s failed too",
+                record.call_id,
+                extra=self._log_extra(record),
+            )
+        self._runtime(record).unsaved = True
+        return 0  # durable in every journal: nothing more will be
 
     def _publish_result(self, record: ToolCallRecord) -> None:
         """The saved result is durable: answer every request waiting for it."""
@@ -597,7 +666,7 @@ class ChatActor:
                 sub.outbox.put_result(sub, event)
         self._maybe_close_output(record)
         self._maybe_release(record)
-        if self.ctx.journal.keeps_results:
+        if self.ctx.journal.keeps_results and not runtime.unsaved:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
             self._results.put((self.chat_id, record.call_id), self.records.release_result(record))

@@ -8,7 +8,9 @@ retention buffers, not by queues (DESIGN.md, "How a request flows" step 4).
 
 The outbox's queue holds only discrete events (a handful per request) and at most one "output
 ready" marker per subscription. Per call and connection the order is: `accepted` first, then
-approval / started / output in order, and each `result` after all output before it.
+approval / started / output in order, and each `result` after all output before it. A request
+for a call that has ended replays from an offset of its own, carried by its queued result, so
+it never moves (or skips) what the live cursor still owes (PROTOCOL.md 9.9).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from collections.abc import Callable
 import trio
 
 from toolwire.actors.events import (
+    AcceptedEvent,
     ApprovalEvent,
     ApprovalResolvedEvent,
     Event,
     OutputEvent,
+    ResultEvent,
     StartedEvent,
 )
 from toolwire.actors.output import OutputBuffer
@@ -47,6 +51,7 @@ class _Kind(enum.Enum):
     PLAIN = 0
     OUTPUT = 1
     RESULT = 2
+    REPLAY = 3  # a result with the output it replays first, from its own offset (or none)
 
 
 class Subscription:
@@ -59,10 +64,12 @@ class Subscription:
         "call_id",
         "chat_id",
         "cursor",
+        "detached",
         "finished",
         "on_caught_up",
         "outbox",
         "output_pending",
+        "replays_pending",
         "resolved_events",
         "results_owed",
         "results_queued",
@@ -84,6 +91,12 @@ class Subscription:
         self.approval_sent = False  # `approval` goes to a connection once per gate (5.0)
         # True once a result was sent with no request since: no output follows a result.
         self.finished = False
+        # The connection sent `detach`: no more started / output / approval events, but every
+        # request it made still gets its `accepted` and its one `result` (PROTOCOL.md 9.9).
+        self.detached = False
+        # Replays of an ended call queued (or being read back) and not sent yet: the output
+        # they replay must stay retained until then.
+        self.replays_pending = 0
         self.on_caught_up: Callable[[], None] | None = None
         # Requests on this connection still waiting for the call's result: one result each.
         self.results_owed = 0
@@ -94,17 +107,23 @@ class Subscription:
     @property
     def lagging(self) -> bool:
         """Still owes streamed output that the buffer holds."""
+        if not self.active or self.detached or not self.stream or self.outbox.closed:
+            return False
+        if self.replays_pending:
+            return True
         return (
-            self.active
-            and self.stream
-            and not self.finished
-            and not self.outbox.closed
+            not self.finished
             and self.buffer is not None
             and self.buffer.first_retained(self.cursor) < self.buffer.total
         )
 
+    @property
+    def following(self) -> bool:
+        """Streaming live output from its cursor for a request that still owes it."""
+        return self.active and self.stream and not self.detached and not self.finished
+
     def output_ready(self) -> None:
-        if self.stream and self.active and not self.finished:
+        if self.stream and self.active and not self.finished and not self.detached:
             self.outbox.put_output(self)
 
 
@@ -115,7 +134,8 @@ class Outbox:
         self.label = label
         self.output_chunk_bytes = output_chunk_bytes
         self.closed = False
-        self._queue: deque[tuple[_Kind, Subscription | None, Event | None]] = deque()
+        # (kind, subscription, event, replay offset: -1 for none)
+        self._queue: deque[tuple[_Kind, Subscription | None, Event | None, int]] = deque()
         self._nonempty = trio.Event()
 
     def __len__(self) -> int:
@@ -124,21 +144,32 @@ class Outbox:
     def put(self, event: Event, sub: Subscription | None = None) -> None:
         if self.closed:
             return
-        self._queue.append((_Kind.PLAIN, sub, event))
+        self._queue.append((_Kind.PLAIN, sub, event, -1))
         self._nonempty.set()
 
     def put_result(self, sub: Subscription, event: Event) -> None:
         if self.closed:
             return
         sub.results_queued += 1
-        self._queue.append((_Kind.RESULT, sub, event))
+        self._queue.append((_Kind.RESULT, sub, event, -1))
+        self._nonempty.set()
+
+    def put_replay(self, sub: Subscription, event: Event, from_offset: int | None) -> None:
+        """The saved result of an ended call for one more request: the retained output from
+        `from_offset` first (an `attach`), or none (a repeated `call`). The live cursor is not
+        touched: an earlier request's result still queued keeps the output it owes."""
+        if self.closed:
+            return
+        sub.results_queued += 1
+        offset = -1 if from_offset is None else from_offset
+        self._queue.append((_Kind.REPLAY, sub, event, offset))
         self._nonempty.set()
 
     def put_output(self, sub: Subscription) -> None:
         if self.closed or sub.output_pending:
             return
         sub.output_pending = True
-        self._queue.append((_Kind.OUTPUT, sub, None))
+        self._queue.append((_Kind.OUTPUT, sub, None, -1))
         self._nonempty.set()
 
     async def wait(self) -> None:
@@ -150,7 +181,7 @@ class Outbox:
     def close(self) -> None:
         """The connection is gone: drop everything; its subscriptions stop receiving."""
         self.closed = True
-        for _, sub, _ in self._queue:
+        for _, sub, _, _ in self._queue:
             if sub is not None:
                 sub.active = False
         self._queue.clear()
@@ -165,12 +196,12 @@ class Outbox:
         while queue and len(out) < max_events:
             if output_bytes >= TAKE_OUTPUT_BYTES and queue[0][0] is _Kind.OUTPUT:
                 break
-            kind, sub, event = queue.popleft()
+            kind, sub, event, replay_from = queue.popleft()
             if sub is None:
                 assert event is not None
                 out.append(event)
                 continue
-            if kind is _Kind.RESULT:
+            if kind is _Kind.RESULT or kind is _Kind.REPLAY:
                 sub.results_queued -= 1
             if not sub.active:
                 continue
@@ -181,13 +212,26 @@ class Outbox:
                     self.put_output(sub)  # more is ready: go round again, after the others
                 output_bytes += sub.cursor - cursor
             elif kind is _Kind.RESULT:
-                if sub.stream and not sub.finished:
-                    self._read_output(sub, out, once=False)
-                sub.finished = True
                 assert event is not None
+                if sub.stream and not sub.finished:
+                    self._read_output(sub, out, once=False, final_at=_ended_at(event))
+                sub.finished = True
                 out.append(event)
+                if sub.on_caught_up is not None:
+                    sub.on_caught_up()  # no output follows: the buffer need not wait for it
+            elif kind is _Kind.REPLAY:
+                assert event is not None
+                if replay_from >= 0:
+                    sub.replays_pending -= 1
+                    if sub.stream and not sub.detached:
+                        self._replay_output(sub, replay_from, out, _ended_at(event))
+                out.append(event)
+                if replay_from >= 0 and sub.on_caught_up is not None:
+                    sub.on_caught_up()
             else:
                 assert event is not None
+                if sub.detached and not isinstance(event, AcceptedEvent):
+                    continue  # detach stops the call's events, never a reply
                 if isinstance(event, StartedEvent):
                     if not sub.stream or sub.started_sent:
                         continue
@@ -203,14 +247,17 @@ class Outbox:
                 out.append(event)
         return out
 
-    def _read_output(self, sub: Subscription, out: list[Event], *, once: bool) -> bool:
-        """Append output events from the cursor; True if more is ready after `once` read."""
+    def _read_output(
+        self, sub: Subscription, out: list[Event], *, once: bool, final_at: int | None = None
+    ) -> bool:
+        """Append output events from the cursor; True if more is ready after `once` read.
+        `final_at`: where the call's output ended (see `OutputBuffer.read`)."""
         buffer = sub.buffer
-        if buffer is None or sub.finished or not sub.stream:
+        if buffer is None or sub.finished or not sub.stream or sub.detached:
             return False
         got = False
         while True:
-            chunk = buffer.read(sub.cursor, self.output_chunk_bytes)
+            chunk = buffer.read(sub.cursor, self.output_chunk_bytes, final_at=final_at)
             if chunk is None:
                 break
             got = True
@@ -224,3 +271,22 @@ class Outbox:
         if not more and sub.on_caught_up is not None:
             sub.on_caught_up()
         return more
+
+    def _replay_output(
+        self, sub: Subscription, offset: int, out: list[Event], final_at: int | None
+    ) -> None:
+        """Append the retained output from `offset` to the end, for one replay."""
+        buffer = sub.buffer
+        if buffer is None:
+            return
+        while True:
+            chunk = buffer.read(offset, self.output_chunk_bytes, final_at=final_at)
+            if chunk is None:
+                return
+            out.append(OutputEvent(sub.chat_id, sub.call_id, chunk.offset, chunk.data))
+            offset = chunk.next_offset
+
+
+def _ended_at(event: Event) -> int | None:
+    """Where the call's output ended, for a `result` event: its `output_bytes`."""
+    return event.result.output_bytes if isinstance(event, ResultEvent) else None

@@ -326,7 +326,9 @@ class OutputBuffer:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES) -> Chunk | None:
+    def read(
+        self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *, final_at: int | None = None
+    ) -> Chunk | None:
         """Decoded text from `offset` (or the first retained byte after it), for a cursor.
 
         Returns at most `max_bytes` bytes' worth of text from one contiguous retained range (a
@@ -336,6 +338,11 @@ class OutputBuffer:
         `next_offset` reproduces `decode("utf-8", "replace")` of the whole output exactly, however
         the appends split it. When `max_bytes` is smaller than the character at the cursor (it
         may be < 4), that one character is returned anyway, so the reader always progresses.
+
+        `final_at`: the offset where the call ended (its Result's `output_bytes`) although the
+        buffer may stay open (a timed-out command runs on; followers may still lag): a range
+        ending there is read as final, so an incomplete character at the end is U+FFFD at its
+        offset and output stitched by offset reaches `output_bytes` (PROTOCOL.md 9.9).
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
@@ -351,7 +358,11 @@ class OutputBuffer:
             start = self.first_retained(range_end)
         # No byte can ever follow the end of this range where it is: the process exited, or a
         # gap follows. Then an incomplete character there is final and decodes as U+FFFD.
-        range_final = self._closed or range_end < self._total
+        range_final = (
+            self._closed
+            or range_end < self._total
+            or (final_at is not None and range_end <= final_at)
+        )
         end = min(range_end, start + max_bytes)
         used = end - start
         if not (range_final and end == range_end):

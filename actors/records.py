@@ -246,6 +246,18 @@ class RecordTable:
         record.outcome = result.outcome
         return True
 
+    def amend(self, record: ToolCallRecord, result: Result) -> None:
+        """Replace a saved result that could not be stored (the journal refused its row) and no
+        one has seen yet, by the agent-failure result that says so (PROTOCOL.md 9.9)."""
+        if record.state is not RecordState.DONE or record.published:
+            raise TransitionError(f"{record.call_id} has no unpublished result to amend")
+        if not record.effect_started and result.outcome.value not in ("not_run", "denied"):
+            raise TransitionError(
+                f"{record.call_id} never started, so it cannot end {result.outcome.value}"
+            )
+        record.result = result
+        record.outcome = result.outcome
+
     def release_result(self, record: ToolCallRecord) -> Result:
         """The owner keeps the saved result elsewhere from now on (a journal that holds it):
         the record keeps its state and outcome, so at most once and "first finish wins" hold

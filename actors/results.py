@@ -28,6 +28,11 @@ TEXT_CANCELED_WHILE_RUNNING = "tool call was canceled while running"
 TEXT_DENIED = "tool call was denied; no changes were made"
 TEXT_APPROVAL_EXPIRED = "tool call was not approved in time; no changes were made"
 TEXT_AGENT_FAILURE = "tool call failed inside the agent; its outcome is unknown"
+# PROTOCOL.md 9.10: the agent failed while admitting or journaling a call, before its effect
+# could start.
+TEXT_AGENT_FAILURE_BEFORE_RUN = (
+    "tool call failed inside the agent before it ran; no changes were made"
+)
 TEXT_AGENT_RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
 
 

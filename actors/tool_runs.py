@@ -16,7 +16,6 @@ from toolwire.actors.calls import CallRuntime
 from toolwire.actors.records import RecordState, ToolCallRecord
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
-    TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
     Outcome,
     ToolReport,
@@ -79,12 +78,9 @@ async def run_task(chat: ChatActor, record: ToolCallRecord, tool: ToolDef) -> No
         else:
             await _run_tool(chat, record, tool, runtime)
     except Exception:
-        log.exception("tool %s failed", record.tool, extra=chat._log_extra(record))
-        if record.effect_started:
-            result = chat._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
-        else:
-            result = chat._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
-        chat._finish(record, result)
+        # `not_run` with the agent-failure text if the effect cannot have started (the failure
+        # came before its durable start), else `unknown` (PROTOCOL.md 9.9, 9.10).
+        chat._fail(record)
     finally:
         chat._launching.pop(record.call_id, None)
 

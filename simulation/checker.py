@@ -113,6 +113,7 @@ class Checker:
         self.violations: list[Violation] = []
         self._printed: dict[Key, bytes] = {}
         self._decoded: dict[tuple[str, str, int], str] = {}
+        self._ends: dict[Key, set[int]] | None = None
 
     def fail(self, code: str, message: str, entry: int | None = None) -> None:
         if len(self.violations) < 200:  # a broken run reports its first 200, not millions
@@ -256,9 +257,7 @@ class Checker:
                         and ck not in detached
                         and r.tool == "execute"
                         and r.output_bytes > 0
-                        and max(pos.get(ck, -1), floor.get(ck, -1))
-                        < r.output_bytes
-                        - self.incomplete_tail((ev.chat_id, ev.call_id), r.output_bytes)
+                        and max(pos.get(ck, -1), floor.get(ck, -1)) < r.output_bytes
                     ):
                         fail(
                             "e.output_incomplete",
@@ -424,7 +423,9 @@ class Checker:
                         # An attach names only a call the agent has (else: unknown_call).
                         naming[(g, req.chat, req.call_id)].append((idx, conn, req.rid, False))
                     resets[ck].append(req.from_offset)
-                    floor[ck] = max(floor.get(ck, 0), req.from_offset)
+                    # A repeated request moves the cursor only back (PROTOCOL.md 9.9): an attach
+                    # from ahead never excuses output an earlier request still owes.
+                    floor[ck] = min(floor.get(ck, req.from_offset), req.from_offset)
                 elif isinstance(req, TurnReq):
                     turns.setdefault((req.chat, req.turn_id), [s.call_id for s in req.specs])
                     turn_reqs.append((idx, conn, req))
@@ -475,8 +476,7 @@ class Checker:
                 continue
             if isinstance(req, CallReq | AttachReq | TurnReq):
                 call = req.spec.call_id if isinstance(req, CallReq) else getattr(req, "call_id", "")
-                if (conn, req.chat, call) in detached:
-                    continue  # a detach withdraws what the connection was still owed
+                # A detach does not withdraw a reply (PROTOCOL.md 9.9): no excuse for it.
                 got = answered_rid[(conn, rid)]
                 if got != n:
                     fail(
@@ -486,7 +486,7 @@ class Checker:
                     )
         for ck, n in sorted(owed.items()):
             conn = ck[0]
-            if conn not in closed or ck in detached:
+            if conn not in closed:
                 continue  # owed nothing more; getting more than asked is reported as it happens
             if accepted[ck] != n:
                 fail(
@@ -692,13 +692,18 @@ class Checker:
         if self.printed(key) is None:
             self.fail("e.output_without_process", f"output for {short(ck[2])}", idx)
             return
+        end = ev.offset + len(ev.data.encode())
         if not self.printed_text_from(key, ev.offset).startswith(ev.data):
-            self.fail(
-                "e.output_mismatch",
-                f"c{ck[0]} output of {short(ck[2])} at offset {ev.offset} is not what the "
-                "process printed there",
-                idx,
-            )
+            cut = self.final_replacement(key, ev)
+            if cut is None:
+                self.fail(
+                    "e.output_mismatch",
+                    f"c{ck[0]} output of {short(ck[2])} at offset {ev.offset} is not what the "
+                    "process printed there",
+                    idx,
+                )
+            else:
+                end = cut
         expected = pos.get(ck)
         allowed = resets.get(ck)
         if ev.offset != expected and allowed and ev.offset in allowed:
@@ -720,7 +725,35 @@ class Checker:
                     "without a repeated request",
                     idx,
                 )
-        pos[ck] = ev.offset + len(ev.data.encode())
+        pos[ck] = end
+
+    def final_replacement(self, key: Key, ev: events.OutputEvent) -> int | None:
+        """PROTOCOL.md 9.9: where a call ended inside a character (a result's `output_bytes`),
+        followers get that incomplete character as one U+FFFD at its offset. If `ev` ends so,
+        the offset just past it (the call's end); else None."""
+        if not ev.data.endswith("\ufffd"):
+            return None
+        head = ev.data[:-1]
+        if not self.printed_text_from(key, ev.offset).startswith(head):
+            return None
+        at = ev.offset + len(head.encode())
+        for n in self.ends().get(key, ()):
+            if self.incomplete_tail(key, n) and n - self.incomplete_tail(key, n) == at:
+                return n
+        return None
+
+    def ends(self) -> dict[Key, set[int]]:
+        """Every `output_bytes` a result of each call said (where its output ended)."""
+        if self._ends is None:
+            self._ends = {}
+            for entry in self.entries:
+                if entry[0] != EV:
+                    continue
+                ev = entry[3]
+                if isinstance(ev, events.ResultEvent | events.CancelResultEvent):
+                    key = (ev.chat_id, ev.call_id)
+                    self._ends.setdefault(key, set()).add(ev.result.output_bytes)
+        return self._ends
 
     def _requests_counts(
         self,

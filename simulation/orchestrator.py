@@ -33,6 +33,9 @@ from toolwire.simulation.trace import (
 from toolwire.simulation.world import Conn, Inbox, Reroute, World
 from toolwire.transport.ids import tool_call_ids
 
+# The reply-order moves (PROTOCOL.md 9.9), drawn per message (scenario.reply_order_share).
+REPLY_ORDER_MOVES = ("detach-after-call", "repeat-during-replay", "attach-ahead")
+
 # Requests a flaky network may deliver twice (a client that retransmits a frame).
 _DUPLICABLE = (CallReq, AttachReq, CancelReq, ApproveReq, TurnReq)
 
@@ -367,10 +370,34 @@ class ChatDriver:
         elif move == "takeover":
             self.world.trace.fault(now, "takeover", f"chat {self.chat.index}")
             self.inbox.signal("takeover")
+        elif move in REPLY_ORDER_MOVES:
+            self._reply_order_move(st, move)
         elif move.startswith("early-cancel:"):
             target = move.split(":", 1)[1]
             self.world.trace.fault(now, "early_cancel", f"chat {self.chat.index}")
             self.send(None, CancelReq(chat, self.rid(), (target,)), "cancel", None)
+
+    def _reply_order_move(self, st: MessageState, move: str) -> None:
+        """Back-to-back requests on one connection whose replies PROTOCOL.md 9.9 orders: a
+        `detach` right after a (repeated) `call`, a repeated `call` right after an `attach`
+        (so during its replay), and an `attach` from an offset ahead of what was sent."""
+        sent = [c for c in st.calls[: st.sent] if c.call_id is not None]
+        if st.plan.mode == "turn" or not sent:
+            return
+        call = self.rng.choice(sent)
+        assert call.call_id is not None
+        chat = self.chat.chat_id
+        self.world.trace.fault(self.world.now(), move, f"chat {self.chat.index}")
+        if move == "detach-after-call":
+            self._send_call(st, call)
+            self.send(None, DetachReq(chat, self.rid(), call.call_id), "detach", call.call_id)
+        elif move == "repeat-during-replay":
+            req = AttachReq(chat, self.rid(), call.call_id, 0)
+            self.send(st, req, "attach", call.call_id)
+            self._send_call(st, call)
+        else:  # attach-ahead: the cursor must not skip what the connection is still owed
+            ahead = st.pos.get(call.call_id, 0) + 1_000_000
+            self.send(st, AttachReq(chat, self.rid(), call.call_id, ahead), "attach", call.call_id)
 
     # -- recovery ------------------------------------------------------------------------------
 

@@ -48,6 +48,10 @@ class Scenario:
     interrupt_share: float = 0.07
     cancel_share: float = 0.08
     early_cancel_share: float = 0.02  # cancel of a call id before its call is sent
+    # Messages with a reply-order move (PROTOCOL.md 9.9): detach right after call, a repeat
+    # during an attach's replay, an attach from an offset ahead. Drawn from a stream of its
+    # own, so the rest of every seed's plan is what it was before these moves existed.
+    reply_order_share: float = 0.1
     horizon_s: float = 12.0  # faults strike within this much virtual time
     # Read-modify-write cycles per chat (mean) on the files every chat shares (shared/s*.txt):
     # read, then write with expected_sha256 = the digest read; on a changed-file failure, again.
@@ -73,6 +77,7 @@ SCENARIOS: dict[str, Scenario] = {
             interrupt_share=0,
             cancel_share=0,
             early_cancel_share=0,
+            reply_order_share=0,
             spawn_failure_share=0,
             tool_failure_share=0,
         ),
@@ -437,6 +442,14 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
                     )
             chat.messages.append(message)
         chats.append(chat)
+    reply_order = random.Random(f"{seed}/reply-order")
+    for chat in chats:
+        for message in chat.messages:
+            if reply_order.random() < s.reply_order_share:
+                move = reply_order.choice(
+                    ("detach-after-call", "repeat-during-replay", "attach-ahead")
+                )
+                message.moves.append((reply_order.uniform(0, 0.5), move))
     # An early cancel names a call of a later message before that message is sent: the cancel
     # leaves a tombstone and the call, when it comes, must get the saved not_run.
     for chat in chats:

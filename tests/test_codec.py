@@ -31,8 +31,18 @@ _json_values = st.recursive(
 )
 
 
+# Every category Python's str.isprintable() refuses (all separators but the space too).
+_UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs")
+
+
 def _strategy(t: mi.Type) -> st.SearchStrategy[Any]:
     match t:
+        case mi.Metadata(type=mi.StrType() as s, extra={"printable": True}):
+            return st.text(
+                alphabet=st.characters(blacklist_categories=_UNPRINTABLE),
+                min_size=s.min_length or 0,
+                max_size=min(s.max_length or 40, 40),
+            )
         case mi.StrType():
             return st.text(
                 alphabet=st.characters(blacklist_categories=("Cc", "Cs")),

@@ -513,3 +513,17 @@ def test_bad_read_arguments() -> None:
         buf.read(-1)
     with pytest.raises(ValueError, match="offset"):
         buf.first_retained(-1)
+
+
+def test_an_incomplete_character_where_the_call_ended_is_final_there() -> None:
+    """A call that ended (its Result says `output_bytes`) while the buffer stays open: the
+    character cut by that end reads as one U+FFFD at its offset (PROTOCOL.md 9.9); without
+    `final_at` it is held back, since more bytes could still complete it."""
+    buffer = OutputBuffer()
+    buffer.append(b"ab\xe2")
+    assert buffer.read(0) == Chunk(0, "ab", 2)
+    assert buffer.read(2) is None
+    assert buffer.read(2, final_at=3) == Chunk(2, "\ufffd", 3)
+    assert buffer.read(0, final_at=3) == Chunk(0, "ab\ufffd", 3)
+    buffer.append(b"\x82\xac")  # the command went on and completed it: the bytes decide
+    assert buffer.read(2, final_at=3) == Chunk(2, "\u20ac", 5)

@@ -97,12 +97,13 @@ class Codec:
                     raise MessageError("toolwire.v1.json takes text frames, not binary ones", {})
                 if self._checks_bounds and may_exceed_bounds(frame):
                     self._check_bounds(self._json_any.decode(frame))
-                return self._json_decoder.decode(frame)
-            if not isinstance(frame, bytes):
-                raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
-            if self._checks_bounds and may_exceed_bounds(frame):
-                self._check_bounds(self._msgpack_any.decode(frame))
-            return self._msgpack_decoder.decode(frame)
+                message = self._json_decoder.decode(frame)
+            else:
+                if not isinstance(frame, bytes):
+                    raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
+                if self._checks_bounds and may_exceed_bounds(frame):
+                    self._check_bounds(self._msgpack_any.decode(frame))
+                message = self._msgpack_decoder.decode(frame)
         except msgspec.DecodeError as exc:
             raise MessageError(str(exc), self._envelope(frame)) from None
         except RecursionError:
@@ -110,6 +111,15 @@ class Codec:
             raise MessageError(
                 f"objects and arrays nest deeper than {MAX_NESTING_DEPTH} levels", {}
             ) from None
+        if self._checks_bounds:
+            where = protocol.bad_id_path(message)
+            if where is not None:
+                raise MessageError(
+                    f"ids hold printable characters only (no control, format or line "
+                    f"separator characters, a trailing newline included) - at `{where}`",
+                    _envelope_of(msgspec.to_builtins(message)),
+                )
+        return message
 
     def _check_bounds(self, generic: Any) -> None:
         try:

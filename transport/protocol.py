@@ -15,9 +15,20 @@ import msgspec
 PROTOCOL_VERSION = 1
 
 # PROTOCOL.md 2: chat ids are 0..128 chars ("" is the chat-less namespace); call and turn ids are
-# 1..200 printable chars. Control characters are refused because ids end up in logs and paths.
-ChatId = Annotated[str, msgspec.Meta(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
-CallId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+# 1..200 chars. All hold only printable characters in the sense of Python's `str.isprintable()`
+# (PROTOCOL.md 9.9: no control, format, or line/paragraph separator characters, a trailing
+# newline included), because ids end up in logs, paths and terminals. That is not a regular
+# expression msgspec could check cheaply (a `$` also matches before a final newline), so the
+# lengths are checked by the decoder and printability by `bad_id_path` right after it: one
+# C-speed `isprintable()` per id.
+_PRINTABLE = "printable characters only (Python's str.isprintable())"
+ChatId = Annotated[
+    str, msgspec.Meta(max_length=128, description=_PRINTABLE, extra={"printable": True})
+]
+CallId = Annotated[
+    str,
+    msgspec.Meta(min_length=1, max_length=200, description=_PRINTABLE, extra={"printable": True}),
+]
 TurnId = CallId
 Rid = str | int | None
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -114,6 +125,29 @@ class Interrupt(_ClientMessage, tag="interrupt"):
 
 
 ClientMessage = Call | Attach | Detach | Cancel | Approve | Turn | Interrupt
+
+
+def bad_id_path(message: ClientMessage) -> str | None:
+    """The path of the first id in a decoded client message that is not printable
+    (PROTOCOL.md 9.9), or None when every id is."""
+    if not message.chat_id.isprintable():
+        return "$.chat_id"
+    if isinstance(message, Call | Attach | Detach | Approve):
+        return None if message.call_id.isprintable() else "$.call_id"
+    if isinstance(message, Cancel):
+        for index, call_id in enumerate(message.call_ids):
+            if not call_id.isprintable():
+                return f"$.call_ids[{index}]"
+        return None
+    if message.turn_id is not None and not message.turn_id.isprintable():
+        return "$.turn_id"
+    if isinstance(message, Turn):
+        for index, spec in enumerate(message.calls):
+            if not spec.call_id.isprintable():
+                return f"$.calls[{index}].call_id"
+    return None
+
+
 CLIENT_MESSAGE_TYPES: tuple[type[_ClientMessage], ...] = (
     Call,
     Attach,

@@ -182,12 +182,21 @@ EXAMPLES: dict[str, dict[str, Any]] = {
 
 def _render_type(t: mi.Type) -> str:
     match t:
+        case mi.Metadata():
+            rendered = _render_type(t.type)
+            if (t.extra or {}).get("printable"):
+                rendered = (
+                    rendered[:-1] + ", printable)"
+                    if rendered.endswith(")")
+                    else (rendered + " (printable)")
+                )
+            return rendered
         case mi.StrType():
             bits = []
             if t.min_length is not None or t.max_length is not None:
                 bits.append(f"{t.min_length or 0}..{t.max_length if t.max_length else ''} chars")
             if t.pattern is not None:
-                bits.append("printable")
+                bits.append(f"matching {t.pattern}")
             return "string" + (f" ({', '.join(bits)})" if bits else "")
         case mi.IntType():
             return "integer" + (f" >= {t.ge}" if t.ge is not None else "")

@@ -18,6 +18,22 @@ class ExecuteArgs(msgspec.Struct, kw_only=True):
 SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}
 
 
+def check_args(args: ExecuteArgs) -> None:
+    """Refuse what no process can be started with (the kernel takes C strings): a NUL
+    character in the command, cwd or env, and an env name that is empty or holds `=`. Raises
+    ValueError naming the field, so the call is `bad_args` before it is accepted, instead of
+    failing inside the agent after it was."""
+    if "\0" in args.command:
+        raise ValueError("`args.command` must not contain a NUL character")
+    if args.cwd is not None and "\0" in args.cwd:
+        raise ValueError("`args.cwd` must not contain a NUL character")
+    for name, value in (args.env or {}).items():
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"`args.env` name {name!r} must be non-empty, without `=` or NUL")
+        if "\0" in value:
+            raise ValueError(f"`args.env.{name}` must not contain a NUL character")
+
+
 def argv_for(args: ExecuteArgs) -> list[str]:
     return [SHELLS[args.shell or "sh"], "-c", args.command]
 

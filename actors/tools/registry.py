@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from toolwire.actors.results import ToolwireError
-from toolwire.actors.tools import files
+from toolwire.actors.tools import execute, files
 from toolwire.actors.tools.execute import ExecuteArgs
 from toolwire.actors.tools.process_tools import (
     ProcessListArgs,
@@ -69,6 +69,19 @@ def parse_args(tool: ToolDef, args: Any) -> msgspec.Struct:
         parsed = msgspec.convert(args, tool.args_type)
     except msgspec.ValidationError as exc:
         raise ToolwireError("bad_args", f"{tool.name}: {_args_path(str(exc))}") from None
+    process_id = getattr(parsed, "process_id", None)
+    if isinstance(process_id, str) and not process_id.isprintable():
+        # An id like the protocol's own (PROTOCOL.md 9.9): printable characters only.
+        raise ToolwireError(
+            "bad_args",
+            f"{tool.name}: `args.process_id` must hold printable characters only "
+            "(no control, format or line separator characters, a trailing newline included)",
+        )
+    if isinstance(parsed, ExecuteArgs):
+        try:
+            execute.check_args(parsed)
+        except ValueError as exc:
+            raise ToolwireError("bad_args", f"{tool.name}: {exc}") from None
     if tool.kind in (ToolKind.INLINE, ToolKind.THREAD):
         try:
             files.check_args(parsed)  # type: ignore[arg-type]
