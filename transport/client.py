@@ -761,9 +761,18 @@ class Client:
         }
 
     async def approve(
-        self, chat_id: str, call_id: str, approved: bool, reason: str | None = None
+        self,
+        chat_id: str,
+        call_id: str,
+        approved: bool,
+        reason: str | None = None,
+        scope: Literal["call", "chat"] = "call",
     ) -> protocol.ApprovalResolved:
         """Answer a parked approval gate; returns the `approval_resolved` that closed it.
+
+        `scope="chat"` with `approved=True` approves the call's tool for the whole chat
+        (PROTOCOL.md 9.5): its other parked gates open too, and later calls of it run with no
+        gate. `reason` goes with a denial into the call's `denied` text.
 
         The agent sends no direct reply to a successful `approve`: the approving connection,
         like every follower of the call, gets `approval_resolved` (docs/protocol.md), and a
@@ -779,7 +788,7 @@ class Client:
         """
         rid = next(self._rids)
         message = protocol.Approve(
-            rid=rid, chat_id=chat_id, call_id=call_id, approved=approved, reason=reason
+            rid=rid, chat_id=chat_id, call_id=call_id, approved=approved, reason=reason, scope=scope
         )
         request = _Request(rid, "approve", message)
         await self._roundtrip(request)
