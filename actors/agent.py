@@ -156,7 +156,23 @@ class Agent:
                 # Nothing takes requests yet (the server answers 503 until `ready`); what runs
                 # meanwhile is the server's probes and the tasks restored records started.
                 await trio.lowlevel.checkpoint()
+        self._recover_approvals()
         return recovered
+
+    def _recover_approvals(self) -> None:
+        """Tools approved for a whole chat (9.5), after its records: an approval lasts while
+        the chat has records, so one whose chat has none left (a crash between forgetting the
+        last record and forgetting its approvals) is dropped now."""
+        journal = self.ctx.journal
+        stale: dict[str, None] = {}
+        for chat_id, tool in journal.load_approvals():
+            chat = self.chats.get(chat_id)
+            if chat is not None and chat.records:
+                chat.restore_approval(tool)
+            else:
+                stale[chat_id] = None
+        for chat_id in stale:
+            journal.forget_approvals(chat_id)
 
     def chat(self, chat_id: str) -> ChatActor:
         chat = self.chats.get(chat_id)
@@ -193,8 +209,9 @@ class Agent:
         approved: bool,
         rid: Any,
         reason: str | None = None,
+        scope: str = "call",
     ) -> None:
-        self.chat(chat_id).approve(outbox, call_id, approved, rid, reason)
+        self.chat(chat_id).approve(outbox, call_id, approved, rid, reason, scope)
 
     def turn(
         self,

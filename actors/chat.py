@@ -38,7 +38,6 @@ from toolwire.actors import (
 from toolwire.actors.calls import CallRuntime, CallSpec, conflict_error, shared_tool_name
 from toolwire.actors.events import (
     AcceptedEvent,
-    ApprovalResolvedEvent,
     Event,
     ResultEvent,
     TurnPlanEvent,
@@ -63,7 +62,6 @@ from toolwire.actors.results import (
     Result,
     ToolReport,
     ToolwireError,
-    text_denied,
 )
 from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 from toolwire.actors.turns import TurnRun, check_new_turn, run_turn, turn_fingerprint, turn_records
@@ -111,6 +109,10 @@ class ChatActor:
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+        # Tools approved for the whole chat (`approve` with scope "chat", PROTOCOL.md 9.5): their
+        # calls pass every gate for as long as the chat has records. A tuple: the empty one is
+        # shared, so the ten thousand chats that never approve so pay nothing for it.
+        self.approved_tools: tuple[str, ...] = ()
 
     # -----------------------------------------------------------------------------------------
     # Lifecycle
@@ -232,7 +234,13 @@ class ChatActor:
         self._maybe_close_output(record)
 
     def approve(
-        self, outbox: Outbox, call_id: str, approved: bool, rid: Any, reason: str | None = None
+        self,
+        outbox: Outbox,
+        call_id: str,
+        approved: bool,
+        rid: Any,
+        reason: str | None = None,
+        scope: str = "call",
     ) -> None:
         record = self.records.get(call_id)
         if record is None:
@@ -242,20 +250,29 @@ class ChatActor:
                 "not_parked",
                 f"call {call_id!r} is not waiting for approval (it is {record.state.wire_state})",
             )
-        self.records.touch(record, self._now())
-        decision = "approved" if approved else "denied"
-        gates.resolve(self, record, decision)
-        sub = self._runtime(record).subs.get(outbox)
-        if sub is None or not sub.active or sub.detached or not (sub.stream or sub.resolved_events):
-            # The approver learns that its answer took effect even when it does not follow the
-            # call (another replica raised the gate): the one reply an `approve` gets.
-            outbox.put(ApprovalResolvedEvent(self.chat_id, call_id, decision))
-        if approved:
-            self.records.unpark(record)
-            self._start(record, gated=False)
-        else:
-            denied = text_denied(reason)
-            self._finish(record, self._plain_result(record, Outcome.DENIED, denied))
+        if approved and scope == "chat":
+            # Queued before any gate it opens starts its effect: every effect waits for its own
+            # later "started" row, so none runs on an approval a crash could lose.
+            tool = self._runtime(record).spec.tool
+            self._approve_tool(tool)
+            gates.answer(self, record, True, None, approver=outbox)
+            gates.open_approved(self, tool)
+            return
+        gates.answer(self, record, approved, reason, approver=outbox)
+
+    def _approve_tool(self, tool: str) -> None:
+        if tool in self.approved_tools:
+            return
+        self.approved_tools += (tool,)
+        if self.ctx.journal.enabled:
+            self.ctx.journal.approve_tool(self.chat_id, tool)
+
+    def restore_approval(self, tool: str) -> None:
+        """A tool this chat approved with scope "chat" before a restart: approved again, and a
+        gate of it that was parked when the agent died (its opening not yet durable) opens."""
+        if tool not in self.approved_tools:
+            self.approved_tools += (tool,)
+        gates.open_approved(self, tool)
 
     def cancel(self, outbox: Outbox, call_ids: list[str], rid: Any) -> None:
         for call_id in call_ids:
@@ -497,6 +514,8 @@ class ChatActor:
     # Running
 
     def _gated(self, spec: CallSpec) -> bool:
+        if spec.tool in self.approved_tools:
+            return False  # approved for the whole chat (9.5): no gate, no `approval` event
         return spec.approval or spec.tool in self.ctx.approve_tools
 
     def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
@@ -758,6 +777,11 @@ class ChatActor:
         """Forgetting is checked on insert too (like the anchor's agent), in O(forgotten)."""
         for record in self.records.forget_expired(self._now(), self.ctx.limits.forget_after_s):
             self._forgotten(record)
+        if self.approved_tools and not self.records:
+            # "For as long as the chat has records" (9.5): the approval goes with the last one.
+            self.approved_tools = ()
+            if self.ctx.journal.enabled:
+                self.ctx.journal.forget_approvals(self.chat_id)
 
     def _forgotten(self, record: ToolCallRecord) -> None:
         if self.ctx.journal.enabled:

@@ -42,7 +42,9 @@ from toolwire.actors.results import Result
 
 log = logging.getLogger("toolwire.journal")
 
-SCHEMA_VERSION = 1
+# 2 added `chat_approvals` (approve with scope "chat", PROTOCOL.md 9.5); a version 1 journal is
+# upgraded in place when opened (the new table starts empty: no chat had such an approval).
+SCHEMA_VERSION = 2
 
 # `toolwire serve --sync`: what a commit waits for (SQLite's `synchronous`, in WAL mode).
 # FULL: the WAL is fsynced at every commit, so a commit survives a power loss or a kernel crash.
@@ -127,6 +129,19 @@ class Journal(ABC):
     def delete(self, chat_id: str, call_id: str) -> None:
         """Queue the removal of a forgotten record."""
 
+    @abstractmethod
+    def approve_tool(self, chat_id: str, tool: str) -> int:
+        """Queue "every call of `tool` in `chat_id` is approved" (`approve` with scope "chat");
+        returns its sequence number."""
+
+    @abstractmethod
+    def forget_approvals(self, chat_id: str) -> None:
+        """Queue the removal of every tool approved in `chat_id` (its last record is gone)."""
+
+    @abstractmethod
+    def load_approvals(self) -> list[tuple[str, str]]:
+        """Every `(chat_id, tool)` approved, for recovery at start (after the records)."""
+
     @property
     def queued_seq(self) -> int:
         """The sequence number of the last write queued (0 when none): waiting for it to be
@@ -189,6 +204,15 @@ class MemoryJournal(Journal):
     def load(self) -> list[JournalRow]:
         return []
 
+    def approve_tool(self, chat_id: str, tool: str) -> int:
+        return 0
+
+    def forget_approvals(self, chat_id: str) -> None:
+        pass
+
+    def load_approvals(self) -> list[tuple[str, str]]:
+        return []
+
 
 _row_encoder = msgspec.msgpack.Encoder()
 _row_decoder = msgspec.msgpack.Decoder(JournalRow)
@@ -210,6 +234,8 @@ _UPSERT = (
 _TOUCH = "UPDATE calls SET touched_at_ms = ? WHERE chat_id = ? AND call_id = ?"
 _DELETE = "DELETE FROM calls WHERE chat_id = ? AND call_id = ?"
 _SELECT_ROW = "SELECT row FROM calls WHERE chat_id = ? AND call_id = ?"
+_APPROVE_TOOL = "INSERT OR IGNORE INTO chat_approvals (chat_id, tool) VALUES (?, ?)"
+_FORGET_APPROVALS = "DELETE FROM chat_approvals WHERE chat_id = ?"
 
 
 class SqliteJournal(Journal):
@@ -267,10 +293,21 @@ class SqliteJournal(Journal):
                 "row BLOB NOT NULL, touched_at_ms INTEGER NOT NULL, "
                 "PRIMARY KEY (chat_id, call_id)) WITHOUT ROWID"
             )
+            # One row per tool a chat approved with scope "chat" (PROTOCOL.md 9.5).
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS chat_approvals (chat_id TEXT NOT NULL, "
+                "tool TEXT NOT NULL, PRIMARY KEY (chat_id, tool)) WITHOUT ROWID"
+            )
             found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if found is None:
                 db.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif found[0] == "1":
+                # Version 1 lacked only `chat_approvals`, created just above.
+                db.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'",
                     (str(SCHEMA_VERSION),),
                 )
             elif found[0] != str(SCHEMA_VERSION):
@@ -300,6 +337,21 @@ class SqliteJournal(Journal):
 
     def delete(self, chat_id: str, call_id: str) -> None:
         self._queue(_DELETE, (chat_id, call_id))
+
+    def approve_tool(self, chat_id: str, tool: str) -> int:
+        return self._queue(_APPROVE_TOOL, (chat_id, tool))
+
+    def forget_approvals(self, chat_id: str) -> None:
+        self._queue(_FORGET_APPROVALS, (chat_id,))
+
+    def load_approvals(self) -> list[tuple[str, str]]:
+        try:
+            rows = self._db.execute(
+                "SELECT chat_id, tool FROM chat_approvals ORDER BY chat_id, tool"
+            ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+        return [(str(chat_id), str(tool)) for chat_id, tool in rows]
 
     @property
     def queued_seq(self) -> int:

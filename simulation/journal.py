@@ -40,6 +40,8 @@ class SimJournal(Journal):
         self.reads = 0  # results read back (the chat actors had released them)
         # The "disk": committed rows, in first-commit order (a dict keeps it: no hash order).
         self.rows: dict[tuple[str, str], JournalRow] = {}
+        # The "disk" of `approve` with scope "chat": (chat_id, tool) pairs, in commit order.
+        self.approvals: dict[tuple[str, str], None] = {}
         self._ops: list[tuple[int, str, JournalRow | tuple[str, str, int]]] = []
         self._queued_seq = 0
         self._durable_seq = 0
@@ -72,6 +74,15 @@ class SimJournal(Journal):
 
     def delete(self, chat_id: str, call_id: str) -> None:
         self._queue("delete", (chat_id, call_id, 0))
+
+    def approve_tool(self, chat_id: str, tool: str) -> int:
+        return self._queue("approve_tool", (chat_id, tool, 0))
+
+    def forget_approvals(self, chat_id: str) -> None:
+        self._queue("forget_approvals", (chat_id, "", 0))
+
+    def load_approvals(self) -> list[tuple[str, str]]:
+        return list(self.approvals)
 
     @property
     def queued_seq(self) -> int:
@@ -132,7 +143,12 @@ class SimJournal(Journal):
             self.rows[(payload.chat_id, payload.call_id)] = payload
             return
         chat_id, call_id, wall_ms = payload
-        if op == "touch":
+        if op == "approve_tool":
+            self.approvals[(chat_id, call_id)] = None  # call_id holds the tool's name
+        elif op == "forget_approvals":
+            for key in [key for key in self.approvals if key[0] == chat_id]:
+                del self.approvals[key]
+        elif op == "touch":
             row = self.rows.get((chat_id, call_id))
             if row is not None:
                 row.touched_at_ms = wall_ms

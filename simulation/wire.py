@@ -75,9 +75,10 @@ class RecordingAgent:
         approved: bool,
         rid: Any,
         reason: str | None = None,
+        scope: str = "call",
     ) -> None:
         self._world.applied(outbox, ApproveReq(chat_id, rid, call_id, approved))
-        self._agent.approve(outbox, chat_id, call_id, approved, rid, reason)
+        self._agent.approve(outbox, chat_id, call_id, approved, rid, reason, scope)
 
     def turn(
         self,

@@ -80,7 +80,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "max_processes_per_chat": 64,
         }
         # The 1.1 additions this build implements, and only those (PROTOCOL.md 9).
-        assert welcome["features"] == ["expected_sha256", "http_status"]
+        assert welcome["features"] == ["approval_scope", "expected_sha256", "http_status"]
 
 
 async def test_requests_sent_before_welcome_is_read_are_accepted(live: LiveServer) -> None:

@@ -49,9 +49,10 @@ ErrorCode = Literal[
 
 
 # The 1.1 features of PROTOCOL.md 9 this agent implements, sent in `welcome.features`.
+# `approval_scope`: `approve.scope` "chat" approves a tool for the whole chat (9.5).
 # `expected_sha256`: file digests and write preconditions (9.4).
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
-FEATURES = ("expected_sha256", "http_status")
+FEATURES = ("approval_scope", "expected_sha256", "http_status")
 
 
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
@@ -98,6 +99,9 @@ class Approve(_ClientMessage, tag="approve"):
     call_id: CallId
     approved: bool
     reason: str | None = None
+    # "chat": with approved=true, every gate of this call's tool in this chat, parked now or
+    # later, for as long as the chat has records (PROTOCOL.md 9.5).
+    scope: Literal["call", "chat"] = "call"
 
 
 class CallSpec(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -100,7 +100,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "exited_retention_s": 3600,
             "max_processes_per_chat": 64,
         },
-        "features": ["expected_sha256", "http_status"],
+        "features": ["approval_scope", "expected_sha256", "http_status"],
     },
     "accepted": {
         "type": "accepted",

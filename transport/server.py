@@ -442,7 +442,7 @@ class Session:
         self.agent.cancel(self.outbox, m.chat_id, m.call_ids, m.rid)
 
     def _on_approve(self, m: protocol.Approve) -> None:
-        self.agent.approve(self.outbox, m.chat_id, m.call_id, m.approved, m.rid, m.reason)
+        self.agent.approve(self.outbox, m.chat_id, m.call_id, m.approved, m.rid, m.reason, m.scope)
 
     def _on_turn(self, m: protocol.Turn) -> None:
         specs = [

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -217,9 +217,18 @@ class ClientAPI:
         }
 
     async def approve(
-        self, chat_id: str, call_id: str, approved: bool, reason: str | None = None
+        self,
+        chat_id: str,
+        call_id: str,
+        approved: bool,
+        reason: str | None = None,
+        scope: Literal["call", "chat"] = "call",
     ) -> protocol.ApprovalResolved:
         """Answer a parked approval gate; returns the `approval_resolved` that closed it.
+
+        `scope="chat"` with `approved=True` approves the call's tool for the whole chat
+        (PROTOCOL.md 9.5): its other parked gates open too, and later calls of it run with no
+        gate. `reason` goes with a denial into the call's `denied` text.
 
         The agent sends no direct reply to a successful `approve`: the approving connection,
         like every follower of the call, gets `approval_resolved` (docs/protocol.md), and a
@@ -239,6 +248,7 @@ class ClientAPI:
             call_id=call_id,
             approved=approved,
             reason=reason,
+            scope=scope,
         )
         request = self._state.approve(message)
         await self._roundtrip(request)
