@@ -240,15 +240,20 @@ async def test_recovery_opens_a_gate_of_an_approved_tool_and_drops_approvals_of_
     records left (a crash between forgetting them and forgetting it) is dropped."""
     path = tmp_path / "state" / "journal.sqlite3"
     journal = SqliteJournal(path)
-    await nursery.start(journal.run)
-    args = {"path": "parked.txt", "content": "ran\n"}
-    parked = JournalRow(
-        chat_id=CHAT, call_id="p", state="awaiting_approval", tool="write_file",
-        fingerprint=b"f", args=args, approval=True, touched_at_ms=1,
-    )  # fmt: skip
-    journal.write(parked)
-    journal.approve_tool(CHAT, "write_file")
-    await journal.wait_durable(journal.approve_tool("emptied-chat", "execute"))
+    # The crashed agent's journal: written, then closed; the new agent runs its own writer.
+    async with trio.open_nursery() as crashed:
+        await crashed.start(journal.run)
+        args = {"path": "parked.txt", "content": "ran\n"}
+        parked = JournalRow(
+            chat_id=CHAT, call_id="p", state="awaiting_approval", tool="write_file",
+            fingerprint=b"f", args=args, approval=True, touched_at_ms=1,
+        )  # fmt: skip
+        journal.write(parked)
+        journal.approve_tool(CHAT, "write_file")
+        await journal.wait_durable(journal.approve_tool("emptied-chat", "execute"))
+        crashed.cancel_scope.cancel()
+    journal.close()
+    journal = SqliteJournal(path)
 
     workspace = tmp_path / "ws"
     workspace.mkdir()
