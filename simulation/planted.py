@@ -1,7 +1,8 @@
-"""Known bugs, planted in test-only `ChatActor` subclasses, to prove the checker can fail.
+"""Known bugs, planted in test-only `ChatState` subclasses, to prove the checker can fail.
 
-Each variant is passed to the real agent as `Agent(ctx, chat_class=...)`; production always uses
-`ChatActor` itself. `toolwire sim --plant NAME` (a hidden option) runs one of them, and
+Each variant is handed to the real agent as `Agent(ctx, state_class=...)`: the agent and its
+shells run unchanged, only the decisions differ; production always uses `ChatState` itself and
+keeps no hook for these. `toolwire sim --plant NAME` (a hidden option) runs one of them, and
 tests/test_simulation.py asserts that the simulator finds each one within a bounded number of
 seeds.
 """
@@ -9,30 +10,29 @@ seeds.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from toolwire.actors.chat import CallSpec, ChatActor, TurnRun
-from toolwire.actors.outbox import Outbox
+from toolwire.actors.chat_state import ChatState
+from toolwire.actors.effects import AttachRequest, CallRequest, TurnRequest
 from toolwire.actors.records import RecordState, ToolCallRecord
 from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
 
 
-class RepeatRunsAgain(ChatActor):
+class RepeatRunsAgain(ChatState):
     """A repeated `call` of a finished command forgets the saved result and runs it again."""
 
-    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
-        record = self.records.get(spec.call_id)
+    def _on_call(self, req: CallRequest) -> None:
+        record = self.records.get(req.spec.call_id)
         if (
             record is not None
             and record.done
             and record.tool == "execute"
             and record.outcome is Outcome.COMPLETED
         ):
-            self.records._records.pop(spec.call_id, None)
-        super().call(outbox, spec, stream=stream, rid=rid)
+            self.records._records.pop(req.spec.call_id, None)
+        super()._on_call(req)
 
 
-class CancelSaysNotRun(ChatActor):
+class CancelSaysNotRun(ChatState):
     """A cancel of a running command reports `not_run` although the command ran."""
 
     def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
@@ -48,34 +48,30 @@ class CancelSaysNotRun(ChatActor):
         return received, record
 
 
-class LostOutputChunk(ChatActor):
-    """Every third output arrival moves the followers' cursors past it: a chunk is never sent."""
+class LostOutputChunk(ChatState):
+    """An `attach` resumes one byte past the offset it asked for: that byte is never sent."""
 
-    _arrivals = 0
-
-    def _output_arrived(self, record: ToolCallRecord) -> None:
-        self._arrivals += 1
-        runtime = self._runtime(record)
-        if self._arrivals % 3 == 0 and runtime.process is not None:
-            for sub in runtime.subs.values():
-                sub.cursor = max(sub.cursor, runtime.process.output.total)
-        super()._output_arrived(record)
+    def _on_attach(self, req: AttachRequest) -> None:
+        super()._on_attach(replace(req, from_offset=req.from_offset + 1))
 
 
-class TurnMissingResult(ChatActor):
+class TurnMissingResult(ChatState):
     """A turn of several calls leaves its last call out of `turn_result`."""
 
-    async def _run_turn(self, run: TurnRun) -> None:
-        if len(run.call_ids) > 1:
+    def _on_turn(self, req: TurnRequest) -> None:
+        existing = req.turn_id in self.turns
+        super()._on_turn(req)
+        run = self.turns.get(req.turn_id)
+        if not existing and run is not None and len(run.call_ids) > 1:
             run.call_ids = run.call_ids[:-1]
-        await super()._run_turn(run)
 
 
-class WriteIgnoresExpected(ChatActor):
+class WriteIgnoresExpected(ChatState):
     """`write_file` and `edit_files` drop `expected_sha256`: a write never checks what it
     replaces (as if the check did not guard the rename)."""
 
-    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+    def _on_call(self, req: CallRequest) -> None:
+        spec = req.spec
         if spec.tool in ("write_file", "edit_files") and isinstance(spec.args, dict):
             args = {k: v for k, v in spec.args.items() if k != "expected_sha256"}
             if isinstance(args.get("files"), list):
@@ -85,11 +81,11 @@ class WriteIgnoresExpected(ChatActor):
                     else entry
                     for entry in args["files"]
                 ]
-            spec = replace(spec, args=args)
-        super().call(outbox, spec, stream=stream, rid=rid)
+            req = replace(req, spec=replace(spec, args=args))
+        super()._on_call(req)
 
 
-PLANTED: dict[str, type[ChatActor]] = {
+PLANTED: dict[str, type[ChatState]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
     "lost-output-chunk": LostOutputChunk,

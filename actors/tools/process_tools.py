@@ -6,31 +6,25 @@ processes; the "" chat is a chat of its own.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-import msgspec
 import trio
 
 from toolwire.actors.processes import SIGNALS, ProcessRecord, ProcessTable, has_exited
 from toolwire.actors.results import Outcome, ToolReport
+from toolwire.actors.tools.process_args import (
+    ProcessListArgs,
+    ProcessOutputArgs,
+    ProcessSignalArgs,
+)
 
-SignalName = Literal["SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
-ProcessId = Annotated[str, msgspec.Meta(min_length=1)]
-
-
-class ProcessOutputArgs(msgspec.Struct, kw_only=True):
-    process_id: ProcessId
-    wait: bool = False
-    wait_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
-
-
-class ProcessSignalArgs(msgspec.Struct, kw_only=True):
-    process_id: ProcessId
-    signal: SignalName
-
-
-class ProcessListArgs(msgspec.Struct, kw_only=True):
-    pass
+__all__ = [
+    "ProcessListArgs",
+    "ProcessOutputArgs",
+    "ProcessSignalArgs",
+    "process_list",
+    "process_output",
+    "process_signal",
+    "process_state",
+]
 
 
 def _missing(process_id: str) -> ToolReport:

@@ -11,7 +11,7 @@ import msgspec
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute, files
 from toolwire.actors.tools.execute import ExecuteArgs
-from toolwire.actors.tools.process_tools import (
+from toolwire.actors.tools.process_args import (
     ProcessListArgs,
     ProcessOutputArgs,
     ProcessSignalArgs,
