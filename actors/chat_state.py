@@ -396,8 +396,8 @@ class ChatState:
             and any(self.records.get(call_id) is None for call_id in existing.call_ids)
         ):
             # One of its calls (created by an earlier call or turn) was forgotten (5.4): the
-            # finished turn goes with it, and this request is a new turn.
-            del self.turns[req.turn_id]
+            # finished turn goes with it, and this request is a new turn (which replaces it
+            # below, once it is found valid: a refused request changes nothing).
             existing = None
         if existing is not None:
             if existing.fingerprint != fingerprint:
@@ -1122,7 +1122,7 @@ class ChatState:
         """The saved result is durable: answer every request waiting for it."""
         result = record.result
         assert result is not None
-        record.published = True
+        self.records.publish(record)
         call = self.calls.pop(record.call_id, None)
         event = ResultEvent(self.chat_id, record.call_id, result)
         if call is not None:
@@ -1262,10 +1262,12 @@ class ChatState:
             self.results.discard((self.chat_id, record.call_id))
             self.calls.pop(record.call_id, None)
             self._emit(Forgotten(record.call_id))
-            if record.turn_id is not None:
-                run = self.turns.get(record.turn_id)
-                if run is not None and run.done:
-                    del self.turns[record.turn_id]
+            if self.turns:
+                # A finished turn goes with any of its calls (also one another request made):
+                # its repeat is a new turn, never answered with a new record's result.
+                for turn_id, run in list(self.turns.items()):
+                    if run.done and record.call_id in run.call_ids:
+                        del self.turns[turn_id]
         if self.approved_tools and not self.records:
             # "For as long as the chat has records" (9.5): the approval goes with the last one.
             self.approved_tools = ()
@@ -1332,7 +1334,7 @@ class ChatState:
                     f"journal row {row.chat_id!r}/{row.call_id!r} is done without a result"
                 )
             # Durable and published as it was before the restart.
-            record.published = True
+            self.records.publish(record)
             if self.config.journal_keeps_results:
                 self.records.release_result(record)
             return
