@@ -20,12 +20,12 @@ from typing import Any
 
 import trio
 
-from toolwire.actors import observe, processes, runners
+from toolwire.actors import observe, processes
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
+from toolwire.actors.chat_work import ChatWork
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
-    AlreadyExited,
     ApprovalRestored,
     ApproveRequest,
     AttachRequest,
@@ -33,16 +33,11 @@ from toolwire.actors.effects import (
     CallRequest,
     CancelRequest,
     CancelTimer,
-    Deadline,
     Detach,
     DetachRequest,
     Effect,
     Follow,
-    FollowMode,
     Forgotten,
-    GraceOver,
-    GroupEmpty,
-    GroupStopped,
     Input,
     InterruptRequest,
     JournalApproveTool,
@@ -53,9 +48,6 @@ from toolwire.actors.effects import (
     JournalWrite,
     KillGroup,
     MarkTimedOut,
-    OutputClosed,
-    ProcessExited,
-    ProcessSnapshot,
     Publish,
     ReadBack,
     Restored,
@@ -65,40 +57,24 @@ from toolwire.actors.effects import (
     SendReplay,
     SendResult,
     Spawn,
-    Spawned,
-    SpawnFailed,
     StartTimer,
     StopGroup,
     StopRun,
     Sweep,
-    ToolEnded,
     ToolFailed,
-    ToolStopped,
     TurnRequest,
 )
+from toolwire.actors.followers import Followers
 from toolwire.actors.journal import JournalError
 from toolwire.actors.journal_rows import JournalRow
-from toolwire.actors.outbox import Outbox, Subscription
+from toolwire.actors.outbox import Outbox
 from toolwire.actors.records import RecordTable
 from toolwire.actors.result_cache import ResultCache
-from toolwire.actors.tools import execute as execute_tool
-from toolwire.actors.tools import process_tools
 
 log = logging.getLogger("toolwire.chat")
 
 # Kept importable from here: transport, simulation, benchmarks and tests name them so.
 __all__ = ["CallSpec", "ChatActor", "TurnState", "shared_tool_name"]
-
-
-class _CallIO:
-    """What the shell keeps for one call: its followers' subscriptions (their output cursors
-    live in the outbox layer) and whether its result went out."""
-
-    __slots__ = ("published", "subs")
-
-    def __init__(self) -> None:
-        self.subs: dict[Outbox, Subscription] = {}
-        self.published = False
 
 
 class ChatActor:
@@ -125,9 +101,8 @@ class ChatActor:
             retention_bytes=ctx.limits.output_retention_bytes,
             result_bytes=ctx.limits.result_output_bytes,
         )
-        self._io: dict[str, _CallIO] = {}
-        self._timers: dict[tuple[str, str], trio.CancelScope] = {}
-        self._stoppable: dict[str, trio.CancelScope] = {}
+        self.followers = Followers(chat_id, self.processes)
+        self.work = ChatWork(chat_id, ctx, self.processes, self.followers, self.feed, self._spawn)
         self._inbox: deque[Input] = deque()
         self._draining = False
         # How this chat's task is started (the agent's nursery): on demand, when it has work.
@@ -249,19 +224,18 @@ class ChatActor:
         """Apply a request (a refusal raises out of here, having changed nothing), then
         carry out its effects and everything they report back."""
         effects = self.state.handle(event, trio.current_time(), self.ctx.wall_ms())
-        self._carry_out(effects)
-        self._drain()
+        self._drain(effects)
 
     def feed(self, event: Input) -> None:
         """A report of what happened: applied after whatever is being applied now."""
         self._inbox.append(event)
-        self._drain()
+        if not self._draining:
+            self._drain([])
 
-    def _drain(self) -> None:
-        if self._draining:
-            return
+    def _drain(self, effects: list[Effect]) -> None:
         self._draining = True
         try:
+            self._carry_out(effects)
             inbox = self._inbox
             while inbox:
                 event = inbox.popleft()
@@ -279,10 +253,10 @@ class ChatActor:
 
     def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
-            call_id = getattr(effect, "call_id", None)
             try:
-                self._EFFECTS[type(effect)](self, effect)
+                _EFFECTS[type(effect)](self, effect)
             except Exception:
+                call_id = getattr(effect, "call_id", None)
                 if not isinstance(call_id, str) or isinstance(effect, CallEnded):
                     raise
                 log.exception(
@@ -292,159 +266,9 @@ class ChatActor:
                 )
                 self._inbox.append(ToolFailed(call_id))
 
-    # -----------------------------------------------------------------------------------------
-    # Effects: sending
-
-    def _io_for(self, call_id: str) -> _CallIO:
-        io = self._io.get(call_id)
-        if io is None:
-            io = self._io[call_id] = _CallIO()
-        return io
-
-    def _subscribe(self, outbox: Outbox, call_id: str, io: _CallIO, stream: bool) -> Subscription:
-        sub = io.subs.get(outbox)
-        if sub is None or not sub.active:
-            sub = Subscription(outbox, self.chat_id, call_id)
-            sub.on_caught_up = lambda: self._maybe_close_output(call_id)
-            io.subs[outbox] = sub
-            proc = self.processes.get(call_id)
-            if proc is not None:
-                sub.buffer = proc.output
-        sub.detached = False  # a new request on this connection follows the call again
-        sub.stream = sub.stream or stream
-        return sub
-
-    def _follow(self, effect: Follow) -> None:
-        outbox = effect.conn
-        assert isinstance(outbox, Outbox)
-        io = self._io_for(effect.call_id)
-        before = io.subs.get(outbox)
-        # Already streaming output to this connection for an earlier request: that request's
-        # output must not be skipped, so the cursor only ever moves back (PROTOCOL.md 9.9).
-        was_following = before is not None and before.following
-        sub = self._subscribe(outbox, effect.call_id, io, effect.stream)
-        if effect.resolved_events:
-            sub.resolved_events = True
-        for event in effect.events:
-            outbox.put(event, sub)
-        if effect.mode is FollowMode.LIVE:
-            wanted = effect.from_offset or 0
-            sub.cursor = min(sub.cursor, wanted) if was_following else wanted
-            sub.finished = False
-            if effect.started is not None:
-                outbox.put(effect.started, sub)
-            sub.output_ready()
-        elif effect.mode is FollowMode.REPLAY:
-            io.published = True
-            if not was_following:
-                # No live output for this connection: a process that outlived its call (a
-                # timeout) goes on printing, but no output follows a result.
-                sub.finished = True
-            # Counted as queued while it is read back from the journal.
-            sub.results_queued += 1
-            if effect.from_offset is not None:
-                sub.replays_pending += 1
-
-    def _send(self, effect: Send) -> None:
-        outbox = effect.conn
-        assert isinstance(outbox, Outbox)
-        outbox.put(effect.event)
-
-    def _publish(self, effect: Publish) -> None:
-        io = self._io.get(effect.call_id)
-        if io is None:
-            return
-        for sub in io.subs.values():
-            if sub.active and not sub.detached:
-                sub.outbox.put(effect.event, sub)
-
-    def _send_result(self, effect: SendResult) -> None:
-        outbox = effect.conn
-        assert isinstance(outbox, Outbox)
-        sub = self._io_for(effect.call_id).subs.get(outbox)
-        if sub is None:
-            outbox.put(effect.event)  # its follow was dropped (a closed connection)
-        else:
-            outbox.put_result(sub, effect.event)
-
-    def _send_replay(self, effect: SendReplay) -> None:
-        outbox = effect.conn
-        assert isinstance(outbox, Outbox)
-        io = self._io_for(effect.call_id)
-        sub = io.subs.get(outbox)
-        if sub is None:
-            sub = self._subscribe(outbox, effect.call_id, io, False)
-        else:
-            sub.results_queued -= 1
-        outbox.put_replay(sub, effect.event, effect.from_offset)
-
-    def _detach(self, effect: Detach) -> None:
-        io = self._io.get(effect.call_id)
-        outbox = effect.conn
-        assert isinstance(outbox, Outbox)
-        sub = io.subs.get(outbox) if io is not None else None
-        if io is None or sub is None:
-            return
-        if effect.keep or sub.results_queued:
-            # Its events stop now, but each request already made still gets its `accepted`
-            # (queued) and its one `result` (PROTOCOL.md 9.9): the subscription stays for them.
-            sub.detached = True
-        else:
-            del io.subs[sub.outbox]
-            sub.active = False
-        self._maybe_close_output(effect.call_id)
-
-    def _forgotten(self, effect: Forgotten) -> None:
-        io = self._io.pop(effect.call_id, None)
-        if io is not None:
-            for sub in io.subs.values():
-                sub.active = False
-
     def _call_ended(self, effect: CallEnded) -> None:
         observe.call_ended(self.ctx, self.chat_id, effect.call_id, effect.result)
-        io = self._io.get(effect.call_id)
-        if io is not None:
-            io.published = True
-            self._maybe_close_output(effect.call_id)
-            self._maybe_release(effect.call_id)
-
-    def _output_arrived(self, call_id: str) -> None:
-        io = self._io.get(call_id)
-        if io is not None:
-            for sub in io.subs.values():
-                sub.output_ready()
-
-    def _maybe_close_output(self, call_id: str) -> None:
-        """Shrink a finished process's output to the result's size once no follower lags:
-        while its call is followed the full retention stays (PROTOCOL.md 5.2)."""
-        io = self._io.get(call_id)
-        if io is None:
-            return
-        proc = self.processes.get(call_id)
-        if proc is not None and not proc.output.closed:
-            if not proc.output_closed.is_set():
-                return  # the command may still print
-            subs = io.subs
-            for outbox, sub in list(subs.items()):
-                if not sub.active or outbox.closed:
-                    del subs[outbox]
-            if any(sub.lagging for sub in subs.values()):
-                return
-            proc.output.close()
-        self._maybe_release(call_id)
-
-    def _maybe_release(self, call_id: str) -> None:
-        """A published call keeps nothing here once no follower needs its output any more:
-        idle records stay small (10,000 chats of records)."""
-        io = self._io.get(call_id)
-        if io is None or not io.published:
-            return
-        proc = self.processes.get(call_id)
-        if proc is not None and not proc.output.closed:
-            return
-        if any(sub.results_queued or sub.replays_pending for sub in io.subs.values()):
-            return  # a replay still to be sent reads the retained output through its follow
-        del self._io[call_id]
+        self.followers.call_ended(effect.call_id)
 
     # -----------------------------------------------------------------------------------------
     # Effects: the journal
@@ -459,13 +283,13 @@ class ChatActor:
                 effect.row.call_id,
                 extra={"chat_id": self.chat_id, "call_id": effect.row.call_id},
             )
-            self._inbox.append(JournalFailed(effect.row.call_id))
+            self.feed(JournalFailed(effect.row.call_id))
             return
         then = effect.then
         if then is None:
             return
         if journal.is_durable(seq):
-            self._inbox.append(then)
+            self.feed(then)
         else:
             # Fed by the commit that makes it durable, with every other row that commit
             # covers: no task per call.
@@ -498,206 +322,30 @@ class ChatActor:
             results[call_id] = result
         self.feed(ResultsRead(results))
 
-    # -----------------------------------------------------------------------------------------
-    # Effects: running tools
 
-    def _run_tool(self, effect: RunTool) -> None:
-        if effect.on_loop:
-            # Short operations run right here: no task, no context switch (the path of the
-            # "trivial call" benchmark).
-            try:
-                report = runners.run_tool(effect.args, self.ctx.workspace, self.processes)
-            except Exception:
-                log.exception(
-                    "tool %s failed",
-                    effect.tool,
-                    extra={"chat_id": self.chat_id, "call_id": effect.call_id},
-                )
-                self._inbox.append(ToolFailed(effect.call_id))
-                return
-            self._inbox.append(ToolEnded(effect.call_id, report))
-            return
-        scope = trio.CancelScope()
-        if isinstance(effect.args, process_tools.ProcessOutputArgs):
-            self._stoppable[effect.call_id] = scope
-        self._spawn(self._run_tool_task, effect, scope)
-
-    async def _run_tool_task(self, effect: RunTool, scope: trio.CancelScope) -> None:
-        try:
-            with scope:
-                if isinstance(effect.args, process_tools.ProcessOutputArgs):
-                    report = await runners.wait_for_process(
-                        self.processes, effect.args, self.ctx.limits.max_wait_ms
-                    )
-                else:
-                    report = await runners.run_tool_in_thread(
-                        effect.args, self.ctx.workspace, self.processes
-                    )
-        except Exception:
-            log.exception(
-                "tool %s failed",
-                effect.tool,
-                extra={"chat_id": self.chat_id, "call_id": effect.call_id},
-            )
-            self.feed(ToolFailed(effect.call_id))
-            return
-        finally:
-            self._stoppable.pop(effect.call_id, None)
-        if scope.cancelled_caught:
-            self.feed(ToolStopped(effect.call_id))
-        else:
-            self.feed(ToolEnded(effect.call_id, report))
-
-    def _stop_run(self, effect: StopRun) -> None:
-        scope = self._stoppable.get(effect.call_id)
-        if scope is not None:
-            scope.cancel()
-
-    # -----------------------------------------------------------------------------------------
-    # Effects: processes
-
-    def _spawn_process(self, effect: Spawn) -> None:
-        args = effect.args
-        assert isinstance(args, execute_tool.ExecuteArgs)
-        call_id = effect.call_id
-        try:
-            proc = self.processes.spawn(
-                call_id,
-                args.command,
-                execute_tool.argv_for(args),
-                execute_tool.cwd_for(args, self.ctx.workspace),
-                execute_tool.env_for(args, self.ctx.base_env),
-                effect.started_at_ms,
-            )
-        except OSError as exc:
-            self._inbox.append(SpawnFailed(call_id, exc.strerror or str(exc)))
-            return
-        io = self._io.get(call_id)
-        if io is not None:
-            for sub in io.subs.values():
-                sub.buffer = proc.output
-        counter = observe.OutputCounter(self.ctx)
-
-        def on_output(proc: processes.ProcessRecord) -> None:
-            counter.update(proc.output.total)
-            self._output_arrived(call_id)
-
-        self._spawn(self._pump, proc, on_output)
-        self._spawn(self._reap, proc, on_output)
-        assert proc.handle.pid is not None
-        self._inbox.append(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
-
-    async def _pump(
-        self,
-        proc: processes.ProcessRecord,
-        on_output: Callable[[processes.ProcessRecord], None],
-    ) -> None:
-        try:
-            await processes.pump(proc, on_output)
-        except Exception:
-            log.exception(
-                "output pump failed", extra={"chat_id": self.chat_id, "call_id": proc.process_id}
-            )
-        self._maybe_close_output(proc.process_id)
-        self.feed(OutputClosed(proc.process_id))
-
-    async def _reap(
-        self,
-        proc: processes.ProcessRecord,
-        on_output: Callable[[processes.ProcessRecord], None],
-    ) -> None:
-        await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
-        # What the command wrote before it exited, without waiting for EOF (a background child
-        # may hold the pipe for long).
-        processes.drain_available(proc, on_output)
-        self.feed(ProcessExited(proc.process_id, runners.snapshot(proc)))
-
-    def _stop_group(self, effect: StopGroup) -> None:
-        proc = self.processes.get(effect.call_id)
-        if proc is None:
-            self._inbox.append(GroupStopped(effect.call_id, _gone(effect.call_id)))
-            return
-        if effect.unless_exited and processes.has_exited(proc):
-            self._inbox.append(AlreadyExited(effect.call_id))
-            return
-        proc.canceled = True
-        self._spawn(self._term_task, proc, effect.grace_s)
-
-    async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:
-        emptied = await runners.term_group(proc, grace_s)
-        self.feed(GroupEmpty(proc.process_id) if emptied else GraceOver(proc.process_id))
-
-    def _kill_group(self, effect: KillGroup) -> None:
-        proc = self.processes.get(effect.call_id)
-        if proc is None:
-            self._inbox.append(GroupStopped(effect.call_id, _gone(effect.call_id)))
-            return
-        self._spawn(self._kill_task, proc)
-
-    async def _kill_task(self, proc: processes.ProcessRecord) -> None:
-        await runners.kill_group(proc)
-        processes.drain_available(proc, lambda p: self._output_arrived(p.process_id))
-        self.feed(GroupStopped(proc.process_id, runners.snapshot(proc)))
-
-    def _mark_timed_out(self, effect: MarkTimedOut) -> None:
-        proc = self.processes.get(effect.call_id)
-        if proc is not None:
-            proc.timed_out = True
-
-    # -----------------------------------------------------------------------------------------
-    # Effects: timers
-
-    def _start_timer(self, effect: StartTimer) -> None:
-        old = self._timers.pop(effect.key, None)
-        if old is not None:
-            old.cancel()
-        scope = trio.CancelScope(deadline=effect.at)
-        self._timers[effect.key] = scope
-        self._spawn(self._timer_task, effect, scope)
-
-    async def _timer_task(self, effect: StartTimer, scope: trio.CancelScope) -> None:
-        with scope:
-            await trio.sleep_forever()
-        if self._timers.get(effect.key) is not scope:
-            return  # canceled, or replaced by a newer timer of the same key
-        del self._timers[effect.key]
-        fire = effect.fire
-        if isinstance(fire, Deadline):
-            proc = self.processes.get(fire.call_id)
-            fire = Deadline(fire.call_id, runners.snapshot(proc) if proc is not None else None)
-        self.feed(fire)
-
-    def _cancel_timer(self, effect: CancelTimer) -> None:
-        scope = self._timers.pop(effect.key, None)
-        if scope is not None:
-            scope.cancel()
-
-    _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
-        Follow: _follow,
-        Send: _send,
-        Publish: _publish,
-        SendResult: _send_result,
-        SendReplay: _send_replay,
-        Detach: _detach,
-        Forgotten: _forgotten,
-        CallEnded: _call_ended,
-        JournalWrite: _journal_write,
-        JournalTouch: _journal_touch,
-        JournalDelete: _journal_delete,
-        JournalApproveTool: _journal_approve_tool,
-        JournalForgetApprovals: _journal_forget_approvals,
-        ReadBack: _read_back,
-        RunTool: _run_tool,
-        StopRun: _stop_run,
-        Spawn: _spawn_process,
-        StopGroup: _stop_group,
-        KillGroup: _kill_group,
-        MarkTimedOut: _mark_timed_out,
-        StartTimer: _start_timer,
-        CancelTimer: _cancel_timer,
-    }
-
-
-def _gone(call_id: str) -> ProcessSnapshot:
-    """A command the table no longer lists (swept after it exited): nothing left to tell."""
-    return ProcessSnapshot(call_id, None, None, True, "", 0, 0)
+# How the shell carries out each effect: the sending ones through its followers, the ones that
+# take time through its work, the journal's itself.
+_EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
+    Follow: lambda chat, e: chat.followers.follow(e),
+    Send: lambda chat, e: chat.followers.send(e),
+    Publish: lambda chat, e: chat.followers.publish(e),
+    SendResult: lambda chat, e: chat.followers.send_result(e),
+    SendReplay: lambda chat, e: chat.followers.send_replay(e),
+    Detach: lambda chat, e: chat.followers.detach(e),
+    Forgotten: lambda chat, e: chat.followers.forgotten(e),
+    CallEnded: ChatActor._call_ended,
+    JournalWrite: ChatActor._journal_write,
+    JournalTouch: ChatActor._journal_touch,
+    JournalDelete: ChatActor._journal_delete,
+    JournalApproveTool: ChatActor._journal_approve_tool,
+    JournalForgetApprovals: ChatActor._journal_forget_approvals,
+    ReadBack: ChatActor._read_back,
+    RunTool: lambda chat, e: chat.work.run_tool(e),
+    StopRun: lambda chat, e: chat.work.stop_run(e),
+    Spawn: lambda chat, e: chat.work.spawn_process(e),
+    StopGroup: lambda chat, e: chat.work.stop_group(e),
+    KillGroup: lambda chat, e: chat.work.kill_group(e),
+    MarkTimedOut: lambda chat, e: chat.work.mark_timed_out(e),
+    StartTimer: lambda chat, e: chat.work.start_timer(e),
+    CancelTimer: lambda chat, e: chat.work.cancel_timer(e),
+}
