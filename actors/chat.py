@@ -14,7 +14,6 @@ Failure containment: an exception while carrying out a call's effect becomes tha
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -78,6 +77,21 @@ __all__ = ["CallSpec", "ChatActor", "TurnState", "shared_tool_name"]
 
 
 class ChatActor:
+    __slots__ = (
+        "_draining",
+        "_inbox",
+        "_nursery",
+        "_pending",
+        "_running",
+        "_start_task",
+        "_work",
+        "chat_id",
+        "ctx",
+        "followers",
+        "processes",
+        "state",
+    )
+
     def __init__(
         self,
         ctx: AgentContext,
@@ -102,14 +116,25 @@ class ChatActor:
             result_bytes=ctx.limits.result_output_bytes,
         )
         self.followers = Followers(chat_id, self.processes)
-        self.work = ChatWork(chat_id, ctx, self.processes, self.followers, self.feed, self._spawn)
-        self._inbox: deque[Input] = deque()
+        self._work: ChatWork | None = None  # made when the chat first has work
+        # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
+        self._inbox: list[Input] = []
         self._draining = False
         # How this chat's task is started (the agent's nursery): on demand, when it has work.
         self._start_task = start
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+
+    @property
+    def work(self) -> ChatWork:
+        work = self._work
+        if work is None:
+            work = ChatWork(
+                self.chat_id, self.ctx, self.processes, self.followers, self.feed, self._spawn
+            )
+            self._work = work
+        return work
 
     @property
     def records(self) -> RecordTable:
@@ -238,7 +263,7 @@ class ChatActor:
             self._carry_out(effects)
             inbox = self._inbox
             while inbox:
-                event = inbox.popleft()
+                event = inbox.pop(0)
                 try:
                     effects = self.state.handle(event, trio.current_time(), self.ctx.wall_ms())
                 except Exception:

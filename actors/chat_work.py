@@ -47,6 +47,17 @@ log = logging.getLogger("toolwire.chat")
 class ChatWork:
     """Tools, commands and timers of one chat (see the module docstring)."""
 
+    __slots__ = (
+        "_feed",
+        "_followers",
+        "_spawn",
+        "_stoppable",
+        "_timers",
+        "chat_id",
+        "ctx",
+        "processes",
+    )
+
     def __init__(
         self,
         chat_id: str,
