@@ -56,6 +56,10 @@ class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, Any] | None = None
     # Model-facing output for tools that have no process output buffer (file tools: "").
     output: str = ""
+    # For an `output` cut from a process's output (process_input): the bytes it stands for and
+    # those omitted from its middle. None: `output` is whole, its UTF-8 length is the count.
+    output_bytes: int | None = None
+    truncated_bytes: int = 0
 
 
 class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
