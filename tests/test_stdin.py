@@ -26,7 +26,14 @@ from hypothesis import strategies as st
 from toolwire.actors import processes, stdin
 from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.processes import ProcessRecord, ProcessTable, RealProcessBackend
-from toolwire.actors.results import TEXT_CANCELED_WHILE_RUNNING, Outcome, ToolReport
+from toolwire.actors.results import (
+    TEXT_CANCELED_WHILE_RUNNING,
+    Outcome,
+    ToolReport,
+    ToolwireError,
+    text_killed_after,
+)
+from toolwire.actors.terminal import TerminalSize
 from toolwire.actors.tools import execute as execute_tool
 from toolwire.actors.tools import process_tools
 from toolwire.actors.tools.execute import ExecuteArgs
@@ -560,6 +567,115 @@ async def test_wait_ms_is_capped_and_waits_in_virtual_time(
     assert report.outcome is Outcome.COMPLETED and report.output == ""
     (proc,) = spawned
     assert proc.stdin is not None and proc.stdin.data == b"hi\n"
+
+
+# --- the hard deadline at the process (PROTOCOL.md 9.2) -------------------------------------------
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of group `pgid`, from /proc."""
+    members = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(name))
+    return members
+
+
+async def test_a_passed_deadline_stops_every_member_of_the_group(procs: Procs) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        record = procs.start("p", "sleep 100 & echo started; sleep 100")
+        await until_output(record, "started")
+        pgid = record.handle.pid
+        assert pgid is not None and len(group_members(pgid)) >= 2
+        assert await processes.stop_past_deadline(record, 0.5) is True
+    # Not only the shell: the background `sleep` too (a timeout that killed only the wrapper
+    # would leave it running).
+    assert group_members(pgid) == []
+    assert record.timed_out is True and record.canceled is False
+    assert record.status is not None and record.status.signal == "SIGTERM"
+    report = process_tools.process_state(record)
+    assert data_of(report)["timed_out"] is True and data_of(report)["running"] is False
+
+
+async def test_a_deadline_after_the_group_is_gone_changes_nothing(procs: Procs) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        record = procs.start("p", "exit 0")
+        await record.exited.wait()
+        await record.output_closed.wait()
+        assert await processes.stop_past_deadline(record, 0.5) is False
+    assert record.timed_out is False
+
+
+def test_the_hard_deadline_text_is_exact() -> None:
+    assert text_killed_after(1500) == (
+        "tool call ran past its kill_after_ms of 1500 ms; the process was stopped"
+    )
+
+
+# --- arguments -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "message"),
+    [
+        ("execute", {"command": "x", "stdin": "yes"}, "`args.stdin`"),
+        ("execute", {"command": "x", "pty": {"rows": 0, "cols": 80}}, "`args.pty.rows`"),
+        ("execute", {"command": "x", "pty": {"rows": 24, "cols": 65536}}, "`args.pty.cols`"),
+        ("execute", {"command": "x", "pty": {"rows": 24}}, "`args.pty`"),
+        ("execute", {"command": "x", "pty": True}, "`args.pty`"),
+        ("execute", {"command": "x", "kill_after_ms": -1}, "`args.kill_after_ms`"),
+        ("execute", {"command": "x", "kill_after_ms": 1.5}, "`args.kill_after_ms`"),
+        ("process_input", {"process_id": "p"}, "`data`"),
+        ("process_input", {"process_id": "p", "data": 7}, "`args.data`"),
+        ("process_input", {"process_id": "p", "data": "", "wait_ms": -1}, "`args.wait_ms`"),
+        ("process_input", {"process_id": "p", "data": "", "eof": 1}, "`args.eof`"),
+        ("process_input", {"process_id": "p\n", "data": ""}, "printable"),
+        ("process_resize", {"process_id": "p", "rows": 24}, "`cols`"),
+        ("process_resize", {"process_id": "p", "rows": 24, "cols": 0}, "`args.cols`"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_field(
+    tool: str, args: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ToolwireError) as caught:
+        parse_args(TOOLS[tool], args)
+    assert caught.value.code == "bad_args"
+    assert caught.value.message.startswith(f"{tool}: ")
+    assert message in caught.value.message
+
+
+def test_what_the_new_arguments_mean() -> None:
+    base = {"PATH": "/bin", "TERM": "dumb"}
+
+    def execute(**args: Any) -> ExecuteArgs:
+        parsed = parse_args(TOOLS["execute"], {"command": "x", **args})
+        assert isinstance(parsed, ExecuteArgs)
+        return parsed
+
+    plain = execute()
+    assert not execute_tool.stdin_for(plain) and execute_tool.terminal_for(plain) is None
+    assert execute_tool.env_for(plain, base)["TERM"] == "dumb"  # not a terminal: untouched
+    assert execute_tool.stdin_for(execute(stdin=True))
+    # `pty` implies stdin, whatever `stdin` says; TERM is the terminal's unless env names one.
+    term = execute(pty={"rows": 24, "cols": 80}, stdin=False)
+    assert execute_tool.stdin_for(term)
+    assert execute_tool.terminal_for(term) == TerminalSize(24, 80)
+    assert execute_tool.env_for(term, base)["TERM"] == "xterm-256color"
+    named = execute(pty={"rows": 24, "cols": 80}, env={"TERM": "vt100"})
+    assert execute_tool.env_for(named, base)["TERM"] == "vt100"
+    # kill_after_ms combines with background and timeout_ms; 0 is no deadline, as timeout_ms 0.
+    assert execute_tool.kill_after_s(execute(kill_after_ms=1500)) == 1.5
+    assert execute_tool.kill_after_s(execute(kill_after_ms=0)) is None
+    assert execute_tool.kill_after_s(plain) is None
+    assert parse_args(TOOLS["process_input"], {"process_id": "p", "data": "x"}) == (
+        ProcessInputArgs(process_id="p", data="x", eof=False, wait_ms=0)
+    )
 
 
 # --- the order of inputs, as a pure rule ---------------------------------------------------------
