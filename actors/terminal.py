@@ -75,12 +75,6 @@ def set_size(fd: int, size: TerminalSize) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.cols, 0, 0))
 
 
-def get_size(fd: int) -> TerminalSize:
-    """The size of the terminal of `fd`."""
-    rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, bytes(8)))
-    return TerminalSize(rows, cols)
-
-
 def eof_char(fd: int) -> bytes:
     """The terminal's EOF character (VEOF, Ctrl-D unless the program changed it): what a person
     presses to end a terminal's input. The master shares the slave's settings on Linux."""
