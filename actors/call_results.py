@@ -63,7 +63,9 @@ def plain_result(
 
 
 def report_result(record: ToolCallRecord, report: ToolReport, finished_ms: int) -> Result:
-    """What a file or process tool reported about its own run."""
+    """What a file or process tool reported about its own run (a process_input canceled while
+    it waited or wrote reports `canceled` itself, with what it wrote in its data)."""
+    output_bytes = report.output_bytes
     return make_result(
         record,
         finished_ms=finished_ms,
@@ -72,7 +74,9 @@ def report_result(record: ToolCallRecord, report: ToolReport, finished_ms: int) 
         text=report.text,
         data=report.data,
         output=report.output,
-        output_bytes=len(report.output.encode()),
+        output_bytes=len(report.output.encode()) if output_bytes is None else output_bytes,
+        truncated_bytes=report.truncated_bytes,
+        canceled=report.outcome is Outcome.CANCELED,
     )
 
 

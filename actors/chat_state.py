@@ -120,7 +120,6 @@ from toolwire.actors.results import (
 from toolwire.actors.tools.process_args import ProcessOutputArgs
 from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 
-
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
 # chat (ten thousand idle chats). Nothing is added to them outside `handle`.
 _IDLE: list[Any] = []

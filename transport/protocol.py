@@ -175,6 +175,9 @@ class Limits(msgspec.Struct, kw_only=True):
     forget_after_s: int
     exited_retention_s: int
     max_processes_per_chat: int
+    # 1.1 (PROTOCOL.md 9): how long a stopped process group has from SIGTERM to exit before
+    # SIGKILL (5.3, 9.2, 9.3). Optional for the client: an agent of 1.0 does not send it.
+    kill_grace_ms: int | None = None
 
 
 class Result(msgspec.Struct, kw_only=True):

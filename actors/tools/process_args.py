@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from toolwire.actors.tools.execute import TerminalSide
+
 SignalName = Literal["SIGINT", "SIGTERM", "SIGKILL", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
 ProcessId = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -24,3 +26,17 @@ class ProcessSignalArgs(msgspec.Struct, kw_only=True):
 
 class ProcessListArgs(msgspec.Struct, kw_only=True):
     pass
+
+
+class ProcessInputArgs(msgspec.Struct, kw_only=True):
+    process_id: ProcessId
+    data: str  # written as UTF-8; may be empty (an `eof` alone)
+    eof: bool = False
+    # Capped at limits.max_wait_ms, as process_output's wait is.
+    wait_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class ProcessResizeArgs(msgspec.Struct, kw_only=True):
+    process_id: ProcessId
+    rows: TerminalSide
+    cols: TerminalSide
