@@ -89,9 +89,13 @@ def execute_result(
     timed_out: bool,
     canceled: bool,
     finished_ms: int,
+    text: str | None = None,
 ) -> Result:
-    """An `execute` call's result: its exit status as data, its output head and tail."""
-    if outcome is Outcome.TIMED_OUT:
+    """An `execute` call's result: its exit status as data, its output head and tail. `text`
+    overrides the outcome's own text (the hard deadline's, PROTOCOL.md 9.2)."""
+    if text is not None:
+        pass
+    elif outcome is Outcome.TIMED_OUT:
         text = text_timed_out(timeout_ms or 0)
     elif outcome is Outcome.CANCELED:
         text = TEXT_CANCELED_WHILE_RUNNING

@@ -55,6 +55,7 @@ from toolwire.actors.effects import (
     JournalForgetApprovals,
     JournalTouch,
     JournalWrite,
+    KillAfter,
     KillGroup,
     MarkTimedOut,
     OutputClosed,
@@ -116,8 +117,10 @@ from toolwire.actors.results import (
     Result,
     ToolwireError,
     text_denied,
+    text_killed_after,
 )
-from toolwire.actors.tools.process_args import ProcessOutputArgs
+from toolwire.actors.tools.execute import ExecuteArgs
+from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs
 from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
@@ -165,8 +168,10 @@ class CallState:
     # Between the start (the record says RUNNING) and the durable start that lets the effect
     # happen: a failure in between ends the call `not_run`, since nothing can have started.
     start_pending: bool = False
-    # A wait (process_output) that a cancel can end.
+    # A wait (process_output, process_input) that a cancel can end.
     stoppable: bool = False
+    # The command's hard deadline (trio time), fixed at the first start (PROTOCOL.md 9.2).
+    kill_at: float | None = None
     # Launched under its turn's "at most 8 at once": the turn gets the slot back at its end.
     turn: TurnState | None = None
     # Its result's row was refused and replaced by the agent-failure result (9.9).
@@ -186,6 +191,11 @@ class GroupState:
     stopping: str | None = None
     # A stop ever began: the call's result and the cancel replies say `canceled`.
     canceled: bool = False
+    # Its hard deadline (ms) while it has not passed: the group is watched until then, also
+    # after its shell exited (a member may live on without the output pipe).
+    kill_after_ms: int | None = None
+    # Its hard deadline passed with members alive: the stop is the deadline's, not a cancel's.
+    killed_after: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -751,6 +761,8 @@ class ChatState:
         if call.spec.timeout_ms:
             # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
             record.deadline = self._now + call.spec.timeout_ms / 1000
+        if isinstance(call.parsed, ExecuteArgs) and call.parsed.kill_after_ms:
+            call.kill_at = self._now + call.parsed.kill_after_ms / 1000
         if tool.read_only or not self.config.journal_enabled:
             # A read-only tool has no effect to protect: no start row (a crash before its
             # result is durable leaves no trace, and a repeat runs it anew).
@@ -793,7 +805,7 @@ class ChatState:
                 return
             self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
             return
-        call.stoppable = isinstance(call.parsed, ProcessOutputArgs)
+        call.stoppable = isinstance(call.parsed, ProcessOutputArgs | ProcessInputArgs)
         on_loop = tool.kind is ToolKind.INLINE or (
             tool.kind is ToolKind.PROCESS and not call.stoppable
         )
@@ -856,7 +868,13 @@ class ChatState:
         call = self.calls.get(event.call_id)
         assert record is not None and call is not None
         self._running_processes[event.call_id] = None
-        self.groups[event.call_id] = GroupState(started_at_ms=record.started_at_ms or 0)
+        group = GroupState(started_at_ms=record.started_at_ms or 0)
+        self.groups[event.call_id] = group
+        if call.kill_at is not None and isinstance(call.parsed, ExecuteArgs):
+            group.kill_after_ms = call.parsed.kill_after_ms
+            self._emit(
+                StartTimer((record.call_id, "kill_after"), call.kill_at, KillAfter(record.call_id))
+            )
         call.started = StartedEvent(
             self.chat_id, record.call_id, record.started_at_ms or 0, event.pid
         )
@@ -907,8 +925,27 @@ class ChatState:
             self._maybe_drop_group(event.call_id, group)
 
     def _maybe_drop_group(self, call_id: str, group: GroupState) -> None:
-        if group.leader_exited and group.output_closed and group.stopping is None:
+        if (
+            group.leader_exited
+            and group.output_closed
+            and group.stopping is None
+            and group.kill_after_ms is None
+        ):
             del self.groups[call_id]
+
+    def _on_kill_after(self, event: KillAfter) -> None:
+        """The hard deadline passed (9.2): the group is stopped as by a cancel; a call whose
+        result is still owed ends `timed_out` once it is gone, one that returned keeps its
+        result (its process shows `timed_out`)."""
+        group = self.groups.get(event.call_id)
+        if group is None or group.kill_after_ms is None:
+            return
+        if group.stopping is not None:
+            group.kill_after_ms = None  # a cancel is stopping it already
+            return
+        group.killed_after = True
+        group.stopping = "term"
+        self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, "kill_after"))
 
     def _on_deadline(self, event: Deadline) -> None:
         record = self.records.get(event.call_id)
@@ -977,6 +1014,13 @@ class ChatState:
         (only a run that was still going is "canceled")."""
         group = self.groups.get(event.call_id)
         if group is not None:
+            if group.killed_after:
+                # Its hard deadline found no member alive: nothing was stopped (9.2).
+                group.killed_after = False
+                group.kill_after_ms = None
+                group.stopping = None
+                self._maybe_drop_group(event.call_id, group)
+                return
             group.stopping = None
             group.canceled = False
         record = self.records.get(event.call_id)
@@ -1000,9 +1044,23 @@ class ChatState:
         group.leader_exited = group.output_closed = True
         del self.groups[event.call_id]
         self._running_processes.pop(event.call_id, None)
+        if group.kill_after_ms is not None and not group.killed_after:
+            self._emit(CancelTimer((event.call_id, "kill_after")))
         record = self.records.get(event.call_id)
         if record is not None and record.state is RecordState.RUNNING:
             self._emit(CancelTimer((record.call_id, "deadline")))
+            if group.killed_after and group.kill_after_ms is not None:
+                self._finish(
+                    record,
+                    self._execute_result(
+                        record,
+                        event.snapshot,
+                        Outcome.TIMED_OUT,
+                        timed_out=True,
+                        text=text_killed_after(group.kill_after_ms),
+                    ),
+                )
+                return
             outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
             self._finish(record, self._execute_result(record, event.snapshot, outcome))
 
@@ -1268,6 +1326,7 @@ class ChatState:
         outcome: Outcome,
         *,
         timed_out: bool = False,
+        text: str | None = None,
     ) -> Result:
         call = self.calls.get(record.call_id)
         group = self.groups.get(record.call_id)
@@ -1279,6 +1338,7 @@ class ChatState:
             timed_out=timed_out,
             canceled=outcome is Outcome.CANCELED or (group is not None and group.canceled),
             finished_ms=self._wall_ms,
+            text=text,
         )
 
     # -----------------------------------------------------------------------------------------
@@ -1433,6 +1493,7 @@ _HANDLER_NAMES: dict[type, str] = {
     GroupStopped: "_on_group_stopped",
     Deadline: "_on_deadline",
     GateExpired: "_on_gate_expired",
+    KillAfter: "_on_kill_after",
     ResultsRead: "_on_results_read",
     Restored: "_on_restored",
     ApprovalRestored: "_on_approval_restored",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import trio
 
-from toolwire.actors import observe, processes, runners
+from toolwire.actors import observe, processes, runners, stdin
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
     AlreadyExited,
@@ -93,9 +93,41 @@ class ChatWork:
             self._feed(ToolEnded(effect.call_id, report))
             return
         scope = trio.CancelScope()
-        if isinstance(effect.args, process_tools.ProcessOutputArgs):
+        args = effect.args
+        if isinstance(args, process_tools.ProcessInputArgs):
+            # Joins its process's queue now, synchronously: inputs write in the order their
+            # calls started (their start rows' order), never in the order tasks get to run.
+            ticket = stdin.join_input(self.processes, args.process_id)
+            self._stoppable[effect.call_id] = scope
+            self._spawn(self._input_task, effect.call_id, args, ticket, scope)
+            return
+        if isinstance(args, process_tools.ProcessOutputArgs):
             self._stoppable[effect.call_id] = scope
         self._spawn(self._run_tool_task, effect, scope)
+
+    async def _input_task(
+        self,
+        call_id: str,
+        args: process_tools.ProcessInputArgs,
+        ticket: stdin.InputTicket,
+        scope: trio.CancelScope,
+    ) -> None:
+        """A `process_input` (PROTOCOL.md 9.1): a cancel ends it `canceled`, with `written`
+        telling what went in; its place in the queue is freed whatever happens."""
+        try:
+            report = await process_tools.process_input(
+                ticket, args, self.ctx.limits.max_wait_ms, scope
+            )
+        except Exception:
+            log.exception(
+                "tool process_input failed", extra={"chat_id": self.chat_id, "call_id": call_id}
+            )
+            self._feed(ToolFailed(call_id))
+            return
+        finally:
+            stdin.leave_input(ticket)
+            self._stoppable.pop(call_id, None)
+        self._feed(ToolEnded(call_id, report))
 
     async def _run_tool_task(self, effect: RunTool, scope: trio.CancelScope) -> None:
         try:
@@ -143,6 +175,8 @@ class ChatWork:
                 execute_tool.cwd_for(args, self.ctx.workspace),
                 execute_tool.env_for(args, self.ctx.base_env),
                 effect.started_at_ms,
+                stdin=execute_tool.stdin_for(args),
+                terminal=execute_tool.terminal_for(args),
             )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
@@ -192,7 +226,13 @@ class ChatWork:
         if effect.unless_exited and processes.has_exited(proc):
             self._feed(AlreadyExited(effect.call_id))
             return
-        proc.canceled = True
+        if effect.reason == "kill_after":
+            if not proc.handle.group_alive():
+                self._feed(AlreadyExited(effect.call_id))
+                return
+            proc.timed_out = True
+        else:
+            proc.canceled = True
         self._spawn(self._term_task, proc, effect.grace_s)
 
     async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:

@@ -173,7 +173,8 @@ class OutputClosed:
 
 @dataclass(frozen=True, slots=True)
 class AlreadyExited:
-    """A `StopGroup(unless_exited=True)` found the command already exited: nothing stopped."""
+    """A `StopGroup` found nothing to stop (the command already exited, or for a hard
+    deadline no member of its group alive): nothing was signaled."""
 
     call_id: str
 
@@ -210,6 +211,13 @@ class Deadline:
 
 @dataclass(frozen=True, slots=True)
 class GateExpired:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillAfter:
+    """A command's hard deadline (`kill_after_ms`, PROTOCOL.md 9.2) passed."""
+
     call_id: str
 
 
@@ -264,6 +272,7 @@ Input = (
     | GroupStopped
     | Deadline
     | GateExpired
+    | KillAfter
     | ResultsRead
     | Restored
     | ApprovalRestored
@@ -441,11 +450,14 @@ class Spawn:
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
-    already exited is left alone and `AlreadyExited` is fed instead."""
+    already exited is left alone and `AlreadyExited` is fed instead. `reason`: "cancel" (its
+    listing says canceled) or "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
+    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`)."""
 
     call_id: str
     grace_s: float
     unless_exited: bool
+    reason: str = "cancel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,7 +480,7 @@ class StartTimer:
 
     key: tuple[str, str]
     at: float
-    fire: Deadline | GateExpired
+    fire: Deadline | GateExpired | KillAfter
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ def run_tool(args: msgspec.Struct, workspace: str, table: processes.ProcessTable
         return process_tools.process_signal(table, args)
     if isinstance(args, process_tools.ProcessListArgs):
         return process_tools.process_list(table)
+    if isinstance(args, process_tools.ProcessResizeArgs):
+        return process_tools.process_resize(table, args)
     raise AssertionError(f"no runner for {type(args).__name__}")
 
 

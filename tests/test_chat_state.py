@@ -106,6 +106,7 @@ GATE_TIMEOUT_S = 20.0
 CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "cmd": ("execute", {"command": "make test"}),
     "bg": ("execute", {"command": "serve"}),
+    "hard": ("execute", {"command": "build", "kill_after_ms": 5000}),
     "write": ("write_file", {"path": "f", "content": "x"}),
     "read": ("read_file", {"path": "f"}),
     "search": ("search_files", {"pattern": "x"}),
@@ -253,6 +254,8 @@ class World:
                 proc = self.procs[effect.call_id]
                 if effect.unless_exited and proc.state != "running":
                     self.inbox.append(AlreadyExited(effect.call_id))
+                elif effect.reason == "kill_after" and proc.state == "reaped":
+                    self.inbox.append(AlreadyExited(effect.call_id))  # no member left
                 else:
                     proc.stopping = "term"
             elif isinstance(effect, KillGroup):

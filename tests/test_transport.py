@@ -82,7 +82,14 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "kill_grace_ms": 2000,  # PROTOCOL.md 9: the grace of 5.3
         }
         # The 1.1 additions this build implements, and only those (PROTOCOL.md 9).
-        assert welcome["features"] == ["approval_scope", "expected_sha256", "http_status"]
+        assert welcome["features"] == [
+            "stdin",
+            "pty",
+            "kill_after",
+            "approval_scope",
+            "expected_sha256",
+            "http_status",
+        ]
 
 
 async def test_welcome_reports_the_agents_kill_grace(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ ErrorCode = Literal[
 # `approval_scope`: `approve.scope` "chat" approves a tool for the whole chat (9.5).
 # `expected_sha256`: file digests and write preconditions (9.4).
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
-FEATURES = ("approval_scope", "expected_sha256", "http_status")
+FEATURES = ("stdin", "pty", "kill_after", "approval_scope", "expected_sha256", "http_status")
 
 
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):

@@ -103,7 +103,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "max_processes_per_chat": 64,
             "kill_grace_ms": 2000,
         },
-        "features": ["approval_scope", "expected_sha256", "http_status"],
+        "features": list(protocol.FEATURES),
     },
     "accepted": {
         "type": "accepted",
