@@ -19,7 +19,9 @@ replies are awaited, and the checker below reads what each connection received:
   a connection that followed a call to its end (without `detach`) has all of it up to the
   result's `output_bytes`;
 - at most one run per call (each command appends a marker line to a file: they are counted),
-  none for `not_run`/`denied`, exactly one for `completed`;
+  none for `not_run`/`denied`, exactly one for `completed`; and a `completed` result is the
+  whole run of a command left alone: exit code 0, no signal, `canceled: false`, all it prints
+  (a stopped run is `canceled` or `timed_out`, 5.3);
 - every `cancel` id gets one `cancel_result`, every `interrupt` one `interrupted`; the agent
   still answers afterwards.
 
@@ -27,8 +29,11 @@ Bounded by default (it runs in `.ci/run`). For long runs select the `long` profi
 environment variable and give it a time budget (see docs/simulation.md, "Wire fuzzing"):
 
     TOOLWIRE_FUZZ_PROFILE=long TOOLWIRE_FUZZ_MINUTES=30 \\
-        flock /tmp/toolwire-cpu.lock .venv/bin/python -m pytest -q -p no:cacheprovider \\
-        tests/test_wire_fuzz.py
+        nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider -s tests/test_wire_fuzz.py
+
+(under `nice`, not the shared CPU lock, which it would hold for the whole budget).
+Agent bugs it found that are not fixed yet are listed in `KNOWN_AGENT_BUGS`, each with a strict
+xfail reproduction; the checker tolerates exactly their signature meanwhile.
 """
 
 from __future__ import annotations
@@ -66,6 +71,17 @@ QUIET_DEADLINE_S = 4.0
 CALL_IDS = ("k0", "k1", "k2", "k3")
 CHATS = ("a", "b")
 ATTACH_OFFSETS = (0, 3, 9, 1_000_000)
+
+# Agent bugs this test found whose fix belongs to code the lead is rewriting (actors/chat.py and
+# its helpers): each has a strict xfail reproduction through a real server, and the checker
+# tolerates exactly its signature until the fix lands (then it leaves this set).
+# completed_after_cancel: a cancel (or interrupt) that comes after an earlier cancel's SIGTERM
+# killed the shell, while the group has its grace, turns the stopped run into `completed`
+# (`canceled: true`); tests/test_semantics.py
+# test_a_cancel_after_the_shell_died_of_an_earlier_cancel_keeps_it_canceled.
+COMPLETED_AFTER_CANCEL = "[completed_after_cancel] "
+KNOWN_AGENT_BUGS: frozenset[str] = frozenset({COMPLETED_AFTER_CANCEL})
+KNOWN_TAGS = tuple(KNOWN_AGENT_BUGS)
 
 settings.register_profile(
     "wire-fuzz-ci",
@@ -415,6 +431,7 @@ class Checker:
         problems += self._replies()
         problems += self._order_and_output()
         problems += self._effects()
+        problems = [p for p in problems if not p.startswith(KNOWN_TAGS)]
         assert not problems, "\n".join(problems[:20])
 
     def _replies(self) -> list[str]:
@@ -554,19 +571,48 @@ class Checker:
             elif n > 1:
                 out.append(f"{line} ran {n} times")
         outcomes: dict[str, set[str]] = defaultdict(set)
+        # Calls with a `completed` result that says its command was stopped by a cancel.
+        stopped: set[str] = set()
         for conn in self.run.conns:
             for _, m in conn.seen:
                 result = m.get("result", m) if m["type"] in ("result", "cancel_result") else None
-                if result is not None and m.get("call_id") in CALL_IDS:
-                    outcomes[f"{m['chat_id']}/{m['call_id']}"].add(result["outcome"])
+                if result is None or m.get("call_id") not in CALL_IDS:
+                    continue
+                call = f"{m['chat_id']}/{m['call_id']}"
+                outcomes[call].add(result["outcome"])
+                if result["outcome"] == "completed":
+                    problem = self._not_completed(m["chat_id"], m["call_id"], result)
+                    if problem is not None:
+                        tag = COMPLETED_AFTER_CANCEL if result["canceled"] else ""
+                        out.append(f"{tag}{call} ended completed but {problem}")
+                        if result["canceled"]:
+                            stopped.add(call)
         for call, seen in outcomes.items():
             if len(seen) > 1:
                 out.append(f"{call} has different results: {seen}")
             if seen & {"not_run", "denied"} and runs[call]:
                 out.append(f"{call} ended {seen} but its command ran")
             if seen == {"completed"} and runs[call] != 1:
-                out.append(f"{call} completed but ran {runs[call]} times")
+                # A stopped command may be killed before its marker line: that is the same
+                # lie as its `completed` result, and counted as that (never a second run).
+                tag = COMPLETED_AFTER_CANCEL if call in stopped and not runs[call] else ""
+                out.append(f"{tag}{call} completed but ran {runs[call]} times")
         return out
+
+    @staticmethod
+    def _not_completed(chat: str, call_id: str, result: Message) -> str | None:
+        """What a `completed` result of a fuzz command says that contradicts it: such a command
+        ran to its end on its own, so it exited 0, no signal, not canceled, all it prints in
+        `output` (no fuzz command prints near `result_output_bytes`)."""
+        printed = command_for(chat, call_id)[1]
+        data = result.get("data") or {}
+        if result["canceled"] or data.get("signal") is not None:
+            return f"was stopped (canceled {result['canceled']}, signal {data.get('signal')})"
+        if data.get("exit_code") != 0:
+            return f"exited {data.get('exit_code')}"
+        if result["output"] != printed or result["output_bytes"] != len(printed.encode()):
+            return f"its output is {result['output']!r} ({result['output_bytes']} bytes)"
+        return None
 
 
 call_ids = st.sampled_from(CALL_IDS)
