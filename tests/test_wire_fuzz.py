@@ -16,8 +16,10 @@ replies are awaited, and the checker below reads what each connection received:
   request is open, none for a repeated `call` of an ended call; an `attach` of an ended call
   replays after its own `accepted`;
 - output offsets never jump ahead (no gaps), every byte matches what the command printed, and
-  a connection that followed a call to its end (without `detach`) has all of it up to the
-  result's `output_bytes`;
+  a connection that followed a call to its end (without `detach`) has all of it from each
+  request's offset up to the result's `output_bytes` by that request's result (results answer
+  requests in the order they were accepted); an `attach` of an ended call replays those bytes
+  itself, between its `accepted` and its `result`;
 - at most one run per call (each command appends a marker line to a file: they are counted),
   none for `not_run`/`denied`, exactly one for `completed`; and a `completed` result is the
   whole run of a command left alone: exit code 0, no signal, `canceled: false`, all it prints
@@ -187,6 +189,17 @@ class Sent:
     chat: str = ""
     call_ids: tuple[str, ...] = ()
     from_offset: int | None = None  # attach
+
+
+@dataclass
+class Open:
+    """A request of one connection that got its `accepted` and waits for its result: `live`
+    (it follows the running call's output from `start`), `replay` (an attach of an ended call:
+    the retained output from `start`, then the result) or `quiet` (no output owed)."""
+
+    mode: str
+    start: int
+    got: set[int] = field(default_factory=set)  # output bytes received since its `accepted`
 
 
 @dataclass
@@ -479,12 +492,11 @@ class Checker:
         requests = [s for s in self.run.sent if s.conn == conn.index and s.gen == gen]
         by_rid = {s.rid: s for s in requests}
         detached = {(s.chat, s.call_ids[0]) for s in requests if s.kind == "detach"}
-        # Per call: open requests (accepted, result owed), whether each wants output, offsets.
-        open_reqs: dict[tuple[str, str], list[str]] = defaultdict(list)
+        # Per call: open requests (accepted, result owed) in order, offsets.
+        open_reqs: dict[tuple[str, str], list[Open]] = defaultdict(list)
         pos: dict[tuple[str, str], int] = {}
         allowed: dict[tuple[str, str], list[int]] = defaultdict(list)
         covered: dict[tuple[str, str], set[int]] = defaultdict(set)
-        low: dict[tuple[str, str], int] = {}
         for g, m in conn.seen:
             if g != gen:
                 continue
@@ -503,15 +515,13 @@ class Checker:
                 else:
                     mode = "live" if m["state"] != "done" else "quiet"
                     allowed[key].append(0)
-                if mode in ("live", "replay") and key not in detached:
-                    start = 0 if req is None or req.kind != "attach" else req.from_offset or 0
-                    low[key] = min(low.get(key, start), start)
-                open_reqs[key].append(mode)
+                start = 0 if req is None or req.kind != "attach" else req.from_offset or 0
+                open_reqs[key].append(Open(mode, start))
             elif kind == "output":
-                modes = open_reqs[key]
-                if not modes:
+                reqs = open_reqs[key]
+                if not reqs:
                     out.append(f"c{conn.index}: output of {key} with no request open: {m}")
-                elif all(mode == "quiet" for mode in modes):
+                elif all(r.mode == "quiet" for r in reqs):
                     out.append(
                         f"c{conn.index}: output of {key} while only requests owed no output "
                         f"(a repeated call of an ended call, or no stream) are open: {m}"
@@ -536,22 +546,29 @@ class Checker:
                     end = min(end, len(printed))
                 pos[key] = end
                 covered[key].update(range(m["offset"], end))
+                for r in reqs:
+                    r.got.update(range(m["offset"], end))
             elif kind == "result":
-                modes = open_reqs[key]
-                if not modes:
+                reqs = open_reqs[key]
+                if not reqs:
                     out.append(f"c{conn.index}: result of {key} with no request open")
                     continue
-                mode = modes.pop(0)
+                # Results answer a call's requests in the order they were accepted: a live
+                # follower's comes with the call's end, a replay's after its own output.
+                r = reqs.pop(0)
                 n = m["output_bytes"]
-                if key in low and mode in ("live", "replay") and key not in detached:
-                    want = set(range(min(low[key], n), n))
-                    if not want <= covered[key]:
-                        out.append(
-                            f"c{conn.index}: followed {key} to its result but lacks output "
-                            f"bytes {sorted(want - covered[key])[:5]}... of {n}"
-                        )
-                if not modes:
-                    low.pop(key, None)
+                if r.mode == "quiet" or key in detached:
+                    continue
+                # A live follower has every byte from its offset by its result (sent for it,
+                # or for an earlier request on the connection: the cursor only moves back, so
+                # none is skipped); a replay sends them itself, after its `accepted` (9.9).
+                have = covered[key] if r.mode == "live" else r.got
+                want = set(range(min(r.start, n), n))
+                if not want <= have:
+                    out.append(
+                        f"c{conn.index}: {r.mode} request of {key} from {r.start} got its "
+                        f"result without output bytes {sorted(want - have)[:5]}... of {n}"
+                    )
         return out
 
     @staticmethod
