@@ -371,12 +371,6 @@ async def test_every_member_of_the_group_gets_the_grace_not_only_the_shell(
     assert members_at_reply == []  # the reply came once the group was empty
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent bug (issue 19, wire fuzz): a second cancel after the first one's SIGTERM "
-    "killed the shell resets cancel_requested (cancellation.cancel_one), so the stopped run "
-    "ends `completed`; the lead ports the fix into ChatState, then drops this mark",
-)
 @pytest.mark.parametrize("second", ["cancel", "interrupt"])
 async def test_a_cancel_after_the_shell_died_of_an_earlier_cancel_keeps_it_canceled(
     make_server: MakeServer, second: str
