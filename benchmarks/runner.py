@@ -24,7 +24,15 @@ from rich.table import Table
 from toolwire.benchmarks import report
 from toolwire.benchmarks.core import BenchContext, ScenarioResult
 from toolwire.benchmarks.machine import load_average, machine_info
-from toolwire.benchmarks.scenarios import journal, process, reqresp, scale, streaming, transport
+from toolwire.benchmarks.scenarios import (
+    bigwrite,
+    journal,
+    process,
+    reqresp,
+    scale,
+    streaming,
+    transport,
+)
 
 DEFAULT_OUT = Path("bench-results")
 
@@ -45,6 +53,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("streaming", "a 200 MB output vs a plain trio pipe read", streaming.run),
         Scenario("scale", "10,000 idle chats, 1,000 concurrent processes", scale.run),
         Scenario("journal", "calls with the sqlite journal vs the memory journal", journal.run),
+        Scenario("bigwrite", "trivial calls while another chat writes 16 MiB files", bigwrite.run),
     )
 }
 

@@ -108,7 +108,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--only",
         default="",
         metavar="NAME,...",
-        help="run only these scenarios (transport, reqresp, process, streaming, scale, journal)",
+        help=(
+            "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
+            " bigwrite)"
+        ),
     )
 
     sim = sub.add_parser("sim", help="deterministic fault-injection simulation of the agent")

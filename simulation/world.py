@@ -23,7 +23,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 import trio.testing
@@ -65,6 +65,8 @@ from toolwire.transport.server import Server, ServerConfig
 # Wall clock of the simulated host at virtual time 0 (2026-01-01T00:00:00Z): timestamps in
 # results are then plausible unix milliseconds, and a pure function of the trio clock.
 EPOCH_MS = 1_767_225_600_000
+
+T = TypeVar("T")
 
 # A run that has not finished after this much virtual time is stuck (a liveness violation).
 RUN_DEADLINE_S = 900.0
@@ -174,6 +176,11 @@ def quiet_runtime_logs() -> Iterator[None]:
 _ACTIVE: World | None = None
 _REAL_WRITE = file_tools.write_file
 _REAL_EDIT = file_tools.edit_files
+_REAL_TO_THREAD = trio.to_thread.run_sync
+
+# Virtual seconds a worker thread's run takes (see `World.thread_hop`): a write with its two
+# fsyncs takes from well under a millisecond to tens of them.
+THREAD_HOP_S = (0.0, 0.02)
 
 
 def _sim_write_file(workspace: str, args: file_tools.WriteFileArgs) -> ToolReport:
@@ -192,13 +199,37 @@ def _sim_edit_files(workspace: str, args: file_tools.EditFilesArgs) -> ToolRepor
     return world.file_effect("edit", token, lambda: _REAL_EDIT(workspace, args))
 
 
+async def _sim_to_thread(
+    sync_fn: Callable[..., T],
+    *args: Any,
+    thread_name: str | None = None,
+    abandon_on_cancel: bool = False,
+    limiter: Any = None,
+) -> T:
+    world = _ACTIVE
+    if world is None:
+        return await _REAL_TO_THREAD(
+            sync_fn,
+            *args,
+            thread_name=thread_name,
+            abandon_on_cancel=abandon_on_cancel,
+            limiter=limiter,
+        )
+    return await world.thread_hop(sync_fn, *args)
+
+
 @contextlib.contextmanager
 def instrumented(world: World) -> Iterator[None]:
+    """While `world` runs: the file tools record their effects in its ledger, and every
+    worker-thread hop of the agent (`trio.to_thread.run_sync`: the writers, search_files) is a
+    hop in virtual time (`World.thread_hop`), since a real thread's duration would make the
+    trace depend on real time."""
     global _ACTIVE
     previous = _ACTIVE
     _ACTIVE = world
     file_tools.write_file = _sim_write_file
     file_tools.edit_files = _sim_edit_files
+    trio.to_thread.run_sync = _sim_to_thread  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -206,6 +237,7 @@ def instrumented(world: World) -> Iterator[None]:
         if previous is None:
             file_tools.write_file = _REAL_WRITE
             file_tools.edit_files = _REAL_EDIT
+            trio.to_thread.run_sync = _REAL_TO_THREAD
 
 
 def make_workspace(files: dict[str, bytes]) -> str:
@@ -272,6 +304,7 @@ class World:
                 self.scripts[str(call.args["command"])] = call.script
                 self.owners[str(call.args["command"])] = (chat.chat_id, call.call_id, call)
         self.processes: dict[tuple[str, str], list[SimProcess]] = {}
+        self._thread_rng = random.Random(f"{plan.seed}/threads")
         self.journal = SimJournal(
             random.Random(f"{plan.seed}/journal"),
             read_rng=random.Random(f"{plan.seed}/journal-reads"),
@@ -590,6 +623,18 @@ class World:
         assert call.call_id is not None
         self.calls[(chat_id, call.call_id)] = call
         self.owners[call.token] = (chat_id, call.call_id, call)
+
+    async def thread_hop(self, sync_fn: Callable[..., T], *args: Any) -> T:
+        """A worker thread's run in virtual time. The function runs at once, on the loop's
+        thread, at one virtual instant (in one agent two of them never overlap), so an effect
+        lands in the ledger the moment its durable start lets it begin: a write under way
+        cannot be stopped, so the checker counts it as begun there. Then the thread's duration
+        passes: a cancel, an interrupt or a repeat of the call may arrive while it runs and must
+        get its real result, and a crash meanwhile loses the result of an effect that
+        happened, as a kill -9 of the agent's process would."""
+        result = sync_fn(*args)
+        await trio.sleep(self._thread_rng.uniform(*THREAD_HOP_S))
+        return result
 
     def file_effect(self, what: str, token: str, run: Callable[[], ToolReport]) -> ToolReport:
         owner = self.owners.get(token)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -695,6 +696,24 @@ async def test_an_unanswered_gate_expires(make_server: MakeServer) -> None:
             assert not ran(live, "tg") and ran_once(live, "te")
 
 
+async def until_written(
+    clock: trio.testing.MockClock, outbox: Outbox, call_ids: set[str]
+) -> list[Event]:
+    """Take events until each of `call_ids` has its result, then until the agent is idle.
+    The writes run on worker threads, whose real time must not move the virtual clock: no
+    autojump meanwhile (it would jump to the next deadline while a thread writes)."""
+    clock.autojump_threshold = math.inf
+    try:
+        events: list[Event] = []
+        while not call_ids <= {e.call_id for e in events if isinstance(e, ResultEvent)}:
+            await outbox.wait()
+            events += outbox.take(10_000)
+        await trio.testing.wait_all_tasks_blocked()
+        return events + outbox.take(10_000)
+    finally:
+        clock.autojump_threshold = 0
+
+
 async def test_expiry_counts_from_the_gate_in_virtual_time(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -744,8 +763,7 @@ async def test_expiry_counts_from_the_gate_in_virtual_time(
     assert take() == []  # nothing expired early
     agent.approve(outbox, "c", "kept", True, None)
     agent.approve(outbox, "c", "t-first", True, None)
-    await trio.testing.wait_all_tasks_blocked()
-    events = take()
+    events = await until_written(autojump_clock, outbox, {"kept", "t-first"})
     assert resolved(events) == {"kept": "approved", "t-first": "approved"}
     assert results(events) == {"kept": "completed", "t-first": "completed"}
     assert [e.call_id for e in events if isinstance(e, ApprovalEvent)] == ["t-second"]
@@ -790,8 +808,7 @@ async def test_a_parked_gate_is_never_forgotten(
     await trio.testing.wait_all_tasks_blocked()
     outbox.take(10_000)
     agent.approve(outbox, "c", "g", True, None)
-    await trio.testing.wait_all_tasks_blocked()
-    events = outbox.take(10_000)
+    events = await until_written(autojump_clock, outbox, {"g"})
     assert [e.decision for e in events if isinstance(e, ApprovalResolvedEvent)] == ["approved"]
     assert [e.result.outcome for e in events if isinstance(e, ResultEvent)] == ["completed"]
     assert (tmp_path / "g").read_text() == "ran\n"

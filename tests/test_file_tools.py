@@ -540,6 +540,34 @@ def test_a_concurrent_reader_never_sees_half_a_file(ws: Path) -> None:
     assert seen and seen <= set(versions)
 
 
+def test_a_parent_directory_another_write_creates_meanwhile_is_shared(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Writes of different paths run at once on worker threads: between one write's check that
+    # its parent is missing and its mkdir, another write (of another file there) creates it.
+    # Both must complete, and a failing write must not take away the other's directories.
+    real = os.mkdir
+    other: list[str] = []  # the write to run at the first mkdir, once
+
+    def mkdir(path: Any, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        if other:
+            assert write(ws, other.pop(), "b").outcome is Outcome.COMPLETED
+        real(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    other.append("new/sub/b.txt")
+    r = write(ws, "new/sub/a.txt", "a")
+    assert r.outcome is Outcome.COMPLETED, r
+    assert (ws / "new/sub/a.txt").read_text() == "a"
+    assert (ws / "new/sub/b.txt").read_text() == "b"
+
+    other.append("deep/er/b.txt")
+    failing_replace(monkeypatch, fail_dst=str(ws.resolve() / "deep/er/a.txt"))
+    assert_failed(write(ws, "deep/er/a.txt", "a"), "cannot write deep/er/a.txt")
+    assert (ws / "deep/er/b.txt").read_text() == "b"  # the other write's directories stay
+    assert not (ws / "deep/er/a.txt").exists()
+
+
 def test_write_through_symlink_keeps_the_link(ws: Path) -> None:
     (ws / "real.txt").write_text("old")
     (ws / "link.txt").symlink_to("real.txt")

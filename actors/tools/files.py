@@ -1,8 +1,10 @@
 """The four file tools of PROTOCOL.md section 8: read_file, write_file, edit_files, search_files.
 
-Plain synchronous functions: the chat actor calls them inline or in a worker thread, so nothing
-here imports trio. Each takes the workspace directory and an already converted args Struct and
-returns a ToolReport.
+Plain synchronous functions, so nothing here imports trio: the chat actor runs read_file on the
+event loop, and the writers and search_files on worker threads (actors/tools/registry.py says
+which). Each takes the workspace directory and an already converted args Struct and returns a
+ToolReport. Any number of them may run at once on different threads: the writes of one path
+take turns (`PATH_LOCKS`), and directories they both create are shared (`_make_parents`).
 
 Contract shared by all four:
 
@@ -376,13 +378,13 @@ class PathLocks:
     """One lock per canonical path, so that a precondition check and the rename it guards are
     one step with respect to every other toolwire write of that path (PROTOCOL.md 9.4).
 
-    Why `threading.Lock` and not a trio lock: the writers are plain synchronous functions. The
-    chat runs write_file and edit_files inline on the event loop (actors/tool_runs.py), and this
-    module's contract lets a caller run them on a worker thread as well; a trio lock cannot be
-    taken from synchronous code or from another thread, a thread lock covers both. On the loop
-    it is never held across an await (it is taken and released inside one synchronous call),
-    so one loop task can never wait for a lock another loop task holds; it only waits for a
-    worker thread that is in the middle of a write.
+    Why `threading.Lock` and not a trio lock: the writers are plain synchronous functions, and
+    the chat runs write_file and edit_files on worker threads (ToolKind.THREAD), so that a
+    write of 16 MiB and its fsyncs never stall the event loop. A trio lock cannot be taken from
+    another thread; a thread lock can. The event loop itself never takes one, so a write that
+    waits for a path's lock holds only its own worker thread: every other chat, connection and
+    keepalive goes on. A lock is taken and released inside one synchronous call, never held
+    across an await, so its holder always runs to the end of its write and releases it.
 
     The table holds a path only while some thread holds or waits for its lock: an entry is
     created on first use and removed when its last user releases it, so it never grows with
@@ -653,7 +655,14 @@ def _make_parents(directory: str) -> list[str]:
     created: list[str] = []
     try:
         for d in reversed(missing):
-            os.mkdir(d)
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                # Another writer (a write of another path on another thread, or a program
+                # outside toolwire) made it since the check: use it, and leave it to them.
+                if not os.path.isdir(d):
+                    raise
+                continue
             created.append(d)
     except OSError:
         _remove_dirs(created)

@@ -23,8 +23,11 @@ from toolwire.actors.tools.process_args import (
 class ToolKind(enum.Enum):
     EXECUTE = "execute"  # spawns a process the chat owns
     PROCESS = "process"  # works on the chat's process table
-    INLINE = "inline"  # a short synchronous file operation, run on the event loop
-    THREAD = "thread"  # a file operation that may take long (a tree walk): a worker thread
+    INLINE = "inline"  # a short synchronous read, run on the event loop
+    # A file operation that may take long: a worker thread, so the loop (every chat,
+    # connection and keepalive of the agent) never waits for it. A tree walk; a write of up
+    # to 16 MiB with two fsyncs, which a busy disk can make take seconds whatever its size.
+    THREAD = "thread"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +52,8 @@ TOOLS: dict[str, ToolDef] = {
         ToolDef("process_input", ProcessInputArgs, ToolKind.PROCESS),
         ToolDef("process_resize", ProcessResizeArgs, ToolKind.PROCESS),
         ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE, read_only=True),
-        ToolDef("write_file", files.WriteFileArgs, ToolKind.INLINE),
-        ToolDef("edit_files", files.EditFilesArgs, ToolKind.INLINE),
+        ToolDef("write_file", files.WriteFileArgs, ToolKind.THREAD),
+        ToolDef("edit_files", files.EditFilesArgs, ToolKind.THREAD),
         ToolDef("search_files", files.SearchFilesArgs, ToolKind.THREAD, read_only=True),
     )
 }

@@ -75,8 +75,9 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     agent on `toolwire serve`'s defaults (SQLite journal in a state dir of its own, sync full);
     `toolwire-normal`: the same with `--sync normal`; `toolwire-nometrics`: the same as
     `toolwire` with the operator's counters off (`/metrics` cost baseline); `toolwire-memory`:
-    the memory journal (nothing survives a restart); `http`: the request/response baseline on
-    the same actors."""
+    the memory journal (nothing survives a restart); `toolwire-2` and `toolwire-memory-2`:
+    second agents like `toolwire` and `toolwire-memory`, with state of their own; `http`: the
+    request/response baseline on the same actors."""
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
     agent = "toolwire.benchmarks.toolwire_server"
@@ -106,6 +107,13 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
             ],
         ),
         "toolwire-memory": (agent, [f"--workspace={workspace}", "--journal=memory"]),
+        # Second agents with the same settings, for variants that must not share one agent's
+        # history (bigwrite: calls alone must not pay for the big writes an agent did before).
+        "toolwire-2": (
+            agent,
+            [f"--workspace={workspace}", "--journal=sqlite", f"--state-dir={ctx.scratch('state')}"],
+        ),
+        "toolwire-memory-2": (agent, [f"--workspace={workspace}", "--journal=memory"]),
         # On the same journal as `toolwire`: the comparison is of the wire design alone.
         "http": (
             "toolwire.benchmarks.http_baseline",
