@@ -8,9 +8,14 @@ seeds.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
+import trio
+
+from toolwire.actors import execute_calls, processes
 from toolwire.actors.chat import CallSpec, ChatActor, TurnRun
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.records import RecordState, ToolCallRecord
@@ -89,10 +94,31 @@ class WriteIgnoresExpected(ChatActor):
         super().call(outbox, spec, stream=stream, rid=rid)
 
 
+class KillGroupAtLeaderExit(ChatActor):
+    """A cancel's SIGKILL follows as soon as the shell exits (the defect of issue 13): the other
+    members of the group get no grace, so a child cleaning up after SIGTERM is killed midway."""
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        if fn is execute_calls.terminate:
+            fn = _terminate_at_leader_exit
+        super()._spawn(fn, *args)
+
+
+async def _terminate_at_leader_exit(chat: ChatActor, proc: processes.ProcessRecord) -> None:
+    if proc.running:
+        proc.handle.signal_group(signal.SIGTERM)
+        with trio.move_on_after(chat.ctx.kill_grace_s):
+            await proc.exited.wait()
+    proc.handle.signal_group(signal.SIGKILL)
+    await proc.exited.wait()
+    proc.stopped.set()
+
+
 PLANTED: dict[str, type[ChatActor]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
     "lost-output-chunk": LostOutputChunk,
     "turn-missing-result": TurnMissingResult,
     "write-ignores-expected": WriteIgnoresExpected,
+    "kill-group-at-leader-exit": KillGroupAtLeaderExit,
 }
