@@ -717,57 +717,56 @@ class Checker:
         return in_force
 
     def _group_grace(self, signals: dict[Key, list[tuple[int, float, str]]]) -> None:
-        """(p) Every member of a group has the kill grace from its SIGTERM to exit (PROTOCOL.md
-        5.3): one whose cleanup is shorter than the grace finishes it (its marker is written),
-        a longer one is not killed before the grace is over. SIGKILLs that are not the agent's
-        stopping of a group are left out: the crash's, and those of a `process_signal` call
-        asking for SIGKILL."""
+        """(p) Every member of a group has the kill grace from the SIGTERM that stops it
+        (PROTOCOL.md 5.3): no SIGKILL reaches a group less than the grace after its first
+        SIGTERM (`p.grace_cut`), and a member that was alive at that SIGTERM and cleans up in
+        less than the grace finishes its cleanup, so its marker is written (`p.cleanup_cut`).
+        A member the shell started after that SIGTERM gets only what is left of the grace.
+        Groups a `process_signal` call names are left out (its signals are not a stop), and so
+        are the kills of a crash (the simulated host's, never recorded as the agent's)."""
         grace = self.kill_grace_s
         if grace is None:
             return
-        asked_kill = {
+        signalled = {
             (chat, str(plan.args.get("process_id")))
             for (chat, _), plan in self.calls.items()
-            if plan.tool == "process_signal" and plan.args.get("signal") == "SIGKILL"
+            if plan.tool == "process_signal"
         }
-        for key, procs in sorted(self.processes.items()):
-            if key in asked_kill:
+        for key, sent in sorted(signals.items()):
+            if key in signalled:
                 continue
-            for proc in procs:
+            label = f"{chat_label(key[0])}/{short(key[1])}"
+            terms = [t for _, t, name in sent if name != "SIGKILL"]
+            for idx, t, name in sent:
+                if name == "SIGKILL" and not any(s + grace <= t + _EPS for s in terms):
+                    first = f"its first SIGTERM came at {terms[0]:.4f}s" if terms else "no SIGTERM"
+                    self.fail(
+                        "p.grace_cut",
+                        f"{label}: SIGKILL reached the group at {t:.4f}s, {first} (kill grace "
+                        f"{grace}s)",
+                        idx,
+                    )
+            if not terms:
+                continue
+            for proc in self.processes.get(key, []):
                 for n, member in enumerate(proc.members):
-                    term_at, killed_at = member.term_at, member.killed_at
                     cleanup = member.spec.term_cleanup
                     if (
-                        term_at is None
+                        member.term_at is None
+                        or abs(member.term_at - terms[0]) > _EPS
                         or cleanup is None
-                        or killed_at is None
+                        or cleanup >= grace - _EPS
                         or member.killed_by == CRASH_KILL
-                        or not proc.member_exists(member)
-                        or killed_at >= term_at + min(cleanup, grace) - _EPS
+                        or member.cleaned_up
                     ):
                         continue
-                    entry = next(
-                        (i for i, t, name in signals.get(key, []) if name == "SIGKILL"
-                         and t >= killed_at - _EPS),
-                        None,
-                    )  # fmt: skip
-                    label = f"{chat_label(key[0])}/{short(key[1])}"
-                    if cleanup < grace:
-                        self.fail(
-                            "p.cleanup_cut",
-                            f"{label}: member {n} of the group got SIGTERM at {term_at:.4f}s and "
-                            f"needed {cleanup:.3f}s to clean up (kill grace {grace}s), but was "
-                            f"killed at {killed_at:.4f}s: its cleanup never finished",
-                            entry,
-                        )
-                    else:
-                        self.fail(
-                            "p.grace_cut",
-                            f"{label}: member {n} of the group got SIGTERM at {term_at:.4f}s but "
-                            f"was killed at {killed_at:.4f}s, before the kill grace ({grace}s) "
-                            "was over",
-                            entry,
-                        )
+                    self.fail(
+                        "p.cleanup_cut",
+                        f"{label}: member {n} of the group got SIGTERM at {member.term_at:.4f}s "
+                        f"and needed {cleanup:.3f}s to clean up (kill grace {grace}s), but was "
+                        f"killed at {member.killed_at or 0.0:.4f}s: its cleanup never finished",
+                        next((i for i, t, name in sent if name == "SIGKILL"), None),
+                    )
 
     def _group_gone(
         self,

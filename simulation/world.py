@@ -334,11 +334,13 @@ class World:
         )
         # The tools chats approved with scope "chat" that are on disk (PROTOCOL.md 9.5).
         approvals = tuple(self.journal.approvals)
+        # Before the agent starts: its recovery may already run calls (a gate a restored
+        # approval opens), and their effects belong after the boot.
+        self.trace.add(BOOT, self.now(), self.gen, restored, approvals)
         self.agent = await self._nursery.start(self._run_agent, agent)
         if self.wire:
             config = ServerConfig(host="sim", port=0, token=None)
             self.server = Server(RecordingAgent(self, agent), config)  # type: ignore[arg-type]
-        self.trace.add(BOOT, self.now(), self.gen, restored, approvals)
         self.agent_up.set()
 
     async def crash(self) -> None:
