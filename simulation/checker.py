@@ -30,10 +30,10 @@ i  interrupts: one `interrupted` per request, after the requester's results and 
    of what it ended; no call named before an interrupt has an effect after it;
 k  cancels: one `cancel_result` per call id per request, with the call's one result;
 l  liveness: every orchestrator finished, no request left unanswered at the end;
-p  process groups (PROTOCOL.md 5.3): every member of a group gets the kill grace from its
-   SIGTERM (a member whose cleanup is shorter than the grace finishes it); no member is alive
-   when a `canceled` result, or the `cancel_result` of a cancel that found the group running,
-   is sent;
+p  process groups (PROTOCOL.md 5.3): no SIGKILL reaches a group less than the kill grace
+   after its first SIGTERM, and a member alive at that SIGTERM whose cleanup is shorter than
+   the grace finishes it; no member is alive when a `canceled` result, or the `cancel_result`
+   of a cancel that found the group running, is sent;
 w  no write lost on the files read-modify-write cycles share: every write that took place
    expected (expected_sha256) exactly the bytes the file held, and every completed write's
    bytes are the file's final content or were expected by a write after it.

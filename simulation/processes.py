@@ -113,8 +113,12 @@ class SimProcess:
         pid: int,
         started: float,
         on_signal: Callable[[SimProcess, str], None] | None = None,
+        reap_delay_s: float = 0.0,
     ) -> None:
         self.script = script
+        # How long after the shell's exit `wait` returns: the moment a real agent sees a zombie
+        # (`poll_exited`) before its reap task has run.
+        self.reap_delay_s = reap_delay_s
         self.pid: int | None = pid
         self.started = started
         self.end_at = started + script.duration  # the shell's natural exit
@@ -255,6 +259,8 @@ class SimProcess:
         while True:
             now = trio.current_time()
             if now >= self.death:
+                if self.reap_delay_s:
+                    await trio.sleep_until(self.death + self.reap_delay_s)
                 return self.status()
             with trio.move_on_at(self.death):
                 await self._changed.wait()
@@ -298,8 +304,11 @@ class SimBackend:
         scripts: Mapping[str, Script],
         on_spawn: Callable[[str, SimProcess], None],
         on_signal: Callable[[SimProcess, str], None] | None = None,
+        *,
+        reap_delay_s: float = 0.0,
     ) -> None:
         self._scripts = scripts
+        self._reap_delay_s = reap_delay_s
         self._on_spawn = on_spawn
         self._on_signal = on_signal
         self._next_pid = 1000
@@ -313,7 +322,9 @@ class SimBackend:
         if script.spawn_error == SPAWN_RAISES:
             raise RuntimeError("simulated: the process backend failed")
         self._next_pid += 1
-        proc = SimProcess(script, self._next_pid, trio.current_time(), self._on_signal)
+        proc = SimProcess(
+            script, self._next_pid, trio.current_time(), self._on_signal, self._reap_delay_s
+        )
         self.running.append(proc)
         self._on_spawn(command, proc)
         return proc
