@@ -7,9 +7,9 @@ count, and the exact texts of PROTOCOL.md 7.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from toolwire.actors.output import OutputBuffer
+from toolwire.actors.effects import ProcessSnapshot
 from toolwire.actors.records import ToolCallRecord
 from toolwire.actors.results import (
     TEXT_CANCELED_WHILE_RUNNING,
@@ -18,9 +18,6 @@ from toolwire.actors.results import (
     ToolReport,
     text_timed_out,
 )
-
-if TYPE_CHECKING:
-    from toolwire.actors.processes import ExitStatus
 
 
 def make_result(
@@ -66,7 +63,9 @@ def plain_result(
 
 
 def report_result(record: ToolCallRecord, report: ToolReport, finished_ms: int) -> Result:
-    """What a file or process tool reported about its own run."""
+    """What a file or process tool reported about its own run (a process_input canceled while
+    it waited or wrote reports `canceled` itself, with what it wrote in its data)."""
+    output_bytes = report.output_bytes
     return make_result(
         record,
         finished_ms=finished_ms,
@@ -75,38 +74,37 @@ def report_result(record: ToolCallRecord, report: ToolReport, finished_ms: int) 
         text=report.text,
         data=report.data,
         output=report.output,
-        output_bytes=len(report.output.encode()),
+        output_bytes=len(report.output.encode()) if output_bytes is None else output_bytes,
+        truncated_bytes=report.truncated_bytes,
+        canceled=report.outcome is Outcome.CANCELED,
     )
-
-
-def exit_text(status: ExitStatus) -> str:
-    if status.signal is not None:
-        return f"command was killed by {status.signal}"
-    return f"command exited with code {status.exit_code}"
 
 
 def execute_result(
     record: ToolCallRecord,
     *,
     outcome: Outcome,
-    process_id: str,
-    output: OutputBuffer,
-    status: ExitStatus | None,
+    snapshot: ProcessSnapshot,
     timeout_ms: int | None,
     timed_out: bool,
     canceled: bool,
     finished_ms: int,
+    text: str | None = None,
 ) -> Result:
-    """An `execute` call's result: its exit status as data, its output head and tail."""
-    text_output, truncated = output.result_output()
-    if outcome is Outcome.TIMED_OUT:
+    """An `execute` call's result: its exit status as data, its output head and tail. `text`
+    overrides the outcome's own text (the hard deadline's, PROTOCOL.md 9.2)."""
+    if text is not None:
+        pass
+    elif outcome is Outcome.TIMED_OUT:
         text = text_timed_out(timeout_ms or 0)
     elif outcome is Outcome.CANCELED:
         text = TEXT_CANCELED_WHILE_RUNNING
-    elif status is None:
-        text = f"started in the background as process {process_id}"
+    elif not snapshot.exited:
+        text = f"started in the background as process {snapshot.process_id}"
+    elif snapshot.signal is not None:
+        text = f"command was killed by {snapshot.signal}"
     else:
-        text = exit_text(status)
+        text = f"command exited with code {snapshot.exit_code}"
     return make_result(
         record,
         finished_ms=finished_ms,
@@ -114,13 +112,13 @@ def execute_result(
         outcome=outcome,
         text=text,
         data={
-            "exit_code": status.exit_code if status else None,
-            "signal": status.signal if status else None,
-            "process_id": process_id,
+            "exit_code": snapshot.exit_code,
+            "signal": snapshot.signal,
+            "process_id": snapshot.process_id,
         },
-        output=text_output,
-        output_bytes=output.total,
-        truncated_bytes=truncated,
+        output=snapshot.output,
+        output_bytes=snapshot.output_bytes,
+        truncated_bytes=snapshot.truncated_bytes,
         timed_out=timed_out,
         canceled=canceled,
     )

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import trio
 
+from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.metrics import Durations
 from toolwire.actors.results import Result
 
@@ -59,24 +60,6 @@ MAX_BATCH = 4096
 
 class JournalError(Exception):
     """The journal cannot be opened or read: the agent must stop, never silently reset."""
-
-
-class JournalRow(msgspec.Struct, kw_only=True):
-    """Everything needed to rebuild one record after a restart."""
-
-    chat_id: str
-    call_id: str
-    state: str  # "awaiting_approval" / "running" / "done" (queued calls are not journaled)
-    tool: str | None
-    fingerprint: bytes | None
-    args: Any = None
-    timeout_ms: int | None = None
-    background: bool = False
-    approval: bool = False
-    turn_id: str | None = None
-    result: Result | None = None
-    started_at_ms: int | None = None
-    touched_at_ms: int = 0
 
 
 class CommitWaiters:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from toolwire.actors.results import Result
 
 if TYPE_CHECKING:
-    from toolwire.actors.agent import AgentContext
+    from toolwire.actors.context import AgentContext
 
 log = logging.getLogger("toolwire.calls")
 

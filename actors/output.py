@@ -380,10 +380,12 @@ class OutputBuffer:
         # characters a one-shot decode of the whole output gives for these bytes.
         return Chunk(start, self._decode_range(start, start + used), start + used)
 
-    def result_output(self) -> tuple[str, int]:
-        """A Result's `output` and `truncated_bytes` (PROTOCOL.md sections 4 and 5.2).
+    def result_output(self, start: int = 0) -> tuple[str, int]:
+        """A Result's `output` and `truncated_bytes` (PROTOCOL.md sections 4 and 5.2), of the
+        bytes from offset `start` on (0: the whole output; a `process_input` result starts where
+        its write began, PROTOCOL.md 9.1).
 
-        The whole output when it fits and nothing was dropped. Otherwise the first
+        Those bytes whole when they fit and none was dropped. Otherwise the first
         `result_head_bytes` and the last `result_bytes - result_head_bytes` bytes with the line
         `[... N bytes omitted ...]` between them, N = truncated_bytes: the first error lines and
         the final verdict both reach the model, and it is told exactly how much it did not see.
@@ -391,15 +393,28 @@ class OutputBuffer:
         count in N); the answer is the same before and after `close()`.
         """
         total = self._total
-        if self.dropped_bytes == 0 and total <= self._result_head + self._result_tail:
-            return _decode(self._slice(0, total)), 0
-        head = self._slice(0, min(self._result_head, self._first_range_end()))
+        if not 0 <= start <= total:
+            raise ValueError(f"start must be in 0..{total}, got {start}")
+        size = total - start
+        retained = self.first_retained(start) == start
+        if (
+            retained
+            and (not self._has_gap() or start >= self._tail_start)
+            and size <= self._result_head + self._result_tail
+        ):
+            return _decode(self._slice(start, total)), 0
+        # The head comes from the retained range `start` is in (none if it was dropped).
+        head_end = start
+        if retained and start < total:
+            head_end = min(start + self._result_head, self._range_of(start)[1])
+        head = self._slice(start, head_end) if head_end > start else b""
         # A character cut by the end of the head is left out, not shown as U+FFFD.
         head = head[: len(head) - _incomplete_tail(head)]
-        tail = self._slice(max(total - self._result_tail, self._last_range_start()), total)
+        tail_start = max(total - self._result_tail, self._last_range_start(), head_end)
+        tail = self._slice(tail_start, total)
         # The bytes before the tail are not in the output: skip a character's orphaned rest.
         tail = tail[_leading_continuations(tail) :]
-        omitted = total - len(head) - len(tail)
+        omitted = size - len(head) - len(tail)
         marker = OMITTED_MARKER.format(n=omitted)
         return f"{_decode(head)}\n{marker}\n{_decode(tail)}", omitted
 

@@ -18,8 +18,9 @@ Each call gets a `Reservation`:
 - the process tools `process_list` and `process_output` touch no file at all, so they reserve
   nothing and never conflict;
 - barriers run alone in their segment: `execute` (a shell command can read or write any path,
-  and we cannot know which without running it), `process_signal` (it changes what a running
-  command does, so it is ordered against everything), tools the planner does not know (it
+  and we cannot know which without running it), `process_signal`, `process_input` and
+  `process_resize` (PROTOCOL.md 9.1: each changes what a running command does, which can be
+  anything, so it is ordered against everything), tools the planner does not know (it
   cannot know what they touch), and every call whose args are malformed (not a dict, or
   without the path the tool needs). A malformed call will fail on its own terms anyway; making
   it a barrier keeps the plan obviously correct instead of guessing at what it meant.
@@ -55,6 +56,11 @@ WRITER_TOOLS = frozenset({"write_file", "edit_files"})
 # planner itself never splits a segment at this size: a segment of 20 reads is one segment that
 # the executor drains 8 at a time, so the plan stays a pure function of reservations.
 MAX_PARALLEL_CALLS = 8
+
+# Tools that act on a running command: they run alone in their segment. Every tool outside
+# READER_TOOLS and WRITER_TOOLS is a barrier anyway; these are named so that the rule for them
+# is a decision, not an accident of the default.
+BARRIER_TOOLS = frozenset({"execute", "process_signal", "process_input", "process_resize"})
 
 # Reader tools that touch no path at all: they read the agent's process table.
 _PROCESS_TOOLS = frozenset({"process_list", "process_output"})
@@ -155,8 +161,10 @@ def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
     Anything the planner cannot read with certainty becomes a barrier, because a barrier is
     always safe: at worst it costs parallelism, never correctness.
     """
-    if call.tool not in READER_TOOLS and call.tool not in WRITER_TOOLS:
-        # execute, process_signal and tools we do not know: they may touch anything.
+    if call.tool in BARRIER_TOOLS or (
+        call.tool not in READER_TOOLS and call.tool not in WRITER_TOOLS
+    ):
+        # Commands, what acts on them, and tools we do not know: they may touch anything.
         return _BARRIER
     if not isinstance(call.args, dict):
         return _BARRIER

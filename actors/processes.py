@@ -9,6 +9,11 @@ millisecond, whereas `trio.lowlevel.open_process` hops to a worker thread for ev
 threads was tried and was slower on 2 cores). Exit is awaited through a pidfd, so no thread is
 ever parked in waitpid.
 
+A command's stdin is closed (/dev/null) unless `execute` asks for `stdin` (a pipe whose write
+end the agent keeps, non-blocking) or `pty` (a new pseudo-terminal, actors/terminal.py: its
+master is then both the output the pump reads and the input `process_input` writes). Either way
+the agent writes through a `StdinPort`; the order of inputs is actors/stdin.py's business.
+
 Known hazard (trio issue #3237): `trio.run_process` cancellation signals only the direct child,
 so a grandchild of `sh -c` survives. Every command here runs in its own process group and we
 always signal the whole group.
@@ -21,14 +26,18 @@ import fcntl
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import trio
 
+from toolwire.actors import terminal as terminals
+from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.spawn import PosixSpawner
+from toolwire.actors.terminal import TerminalSize
 
 # One pipe read. 64 KiB is Linux's default pipe capacity, so one read drains a full pipe, and it
 # becomes one `output` message (never one message per line).
@@ -64,10 +73,44 @@ class ExitStatus:
         return cls(exit_code=os.waitstatus_to_exitcode(status), signal=None)
 
 
+class InputClosed(Exception):
+    """Nothing can be written to the command's input any more: its stdin pipe was closed (by an
+    `eof`, or when the process was released), every reader of the pipe is gone, or its terminal
+    was released."""
+
+
+class StdinPort(Protocol):
+    """Where `process_input` writes: the write end of a stdin pipe, or a terminal's master."""
+
+    @property
+    def terminal(self) -> bool:
+        """True for a terminal: `end` then sends the EOF character and `resize` works."""
+
+    def write_some(self, data: memoryview) -> int:
+        """Write what fits now without waiting: how many bytes went in (0 when none fit).
+        Raises InputClosed."""
+
+    async def wait_room(self) -> None:
+        """Wait until `write_some` may take more. Raises InputClosed if the port is closed
+        meanwhile."""
+
+    def end(self) -> bytes:
+        """End the input, as `process_input`'s `eof` asks: a pipe is closed now (returns b""); a
+        terminal stays open and returns its EOF character, for the caller to write in turn."""
+
+    def resize(self, size: TerminalSize) -> None:
+        """Resize the terminal (the kernel sends SIGWINCH). Raises InputClosed once the
+        terminal was released; ValueError for a pipe."""
+
+
 class SpawnedProcess(Protocol):
     """One running command, as the chat actor sees it."""
 
     pid: int | None
+
+    @property
+    def stdin(self) -> StdinPort | None:
+        """Where its input goes: None when its stdin is closed (the default of `execute`)."""
 
     async def read_some(self) -> bytes:
         """Wait for output; b"" at end of output (every writer closed the pipe)."""
@@ -94,12 +137,116 @@ class SpawnedProcess(Protocol):
 
 
 class ProcessBackend(Protocol):
-    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
-        """Start argv in a new process group. Raises OSError if it cannot start."""
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+    ) -> SpawnedProcess:
+        """Start argv in a new process group (a new session). Its stdin is closed, or a pipe
+        with `stdin`; with `terminal` it runs on a new pseudo-terminal of that size as its
+        controlling terminal (stdin, stdout and stderr), which implies `stdin`. Raises OSError
+        if it cannot start."""
+
+
+class _PipePort:
+    """The agent's end of a command's stdin pipe (non-blocking)."""
+
+    terminal = False
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def write_some(self, data: memoryview) -> int:
+        fd = self._fd
+        if fd is None:
+            raise InputClosed
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0
+        except (BrokenPipeError, OSError) as exc:
+            # EPIPE: every reader exited (the agent ignores SIGPIPE, as Python does).
+            raise InputClosed from exc
+
+    async def wait_room(self) -> None:
+        fd = self._fd
+        if fd is None:
+            raise InputClosed
+        try:
+            await trio.lowlevel.wait_writable(fd)
+        except trio.ClosedResourceError:
+            raise InputClosed from None
+
+    def end(self) -> bytes:
+        self.close()
+        return b""
+
+    def resize(self, size: TerminalSize) -> None:
+        raise ValueError("a pipe has no size")
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            trio.lowlevel.notify_closing(fd)  # a writer waiting for room gets InputClosed
+            os.close(fd)
+
+
+class _TerminalPort:
+    """The input side of a command's terminal: the master the pump reads from. The process owns
+    that descriptor (it closes it with the output); this port only writes to it while open."""
+
+    terminal = True
+
+    def __init__(self, process: _RealProcess) -> None:
+        self._process = process
+
+    def _fd(self) -> int:
+        fd = self._process.master_fd
+        if fd is None:
+            raise InputClosed
+        return fd
+
+    def write_some(self, data: memoryview) -> int:
+        fd = self._fd()
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0  # the terminal's input queue is full: the program reads nothing now
+        except OSError as exc:
+            raise InputClosed from exc
+
+    async def wait_room(self) -> None:
+        try:
+            await trio.lowlevel.wait_writable(self._fd())
+        except trio.ClosedResourceError:
+            raise InputClosed from None
+
+    def end(self) -> bytes:
+        # What Ctrl-D does: at the start of a line the program reads the end of its input;
+        # the terminal stays open (it is also the command's output).
+        return terminals.eof_char(self._fd())
+
+    def resize(self, size: TerminalSize) -> None:
+        try:
+            terminals.set_size(self._fd(), size)
+        except OSError as exc:
+            raise InputClosed from exc
 
 
 class _RealProcess:
-    def __init__(self, pid: int, read_fd: int, popen: subprocess.Popen[bytes] | None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        read_fd: int,
+        popen: subprocess.Popen[bytes] | None,
+        *,
+        stdin_fd: int | None = None,
+        terminal: bool = False,
+    ) -> None:
         # Popen, when it spawned: told about the reap, so it neither warns nor reaps again.
         self._popen = popen
         self.pid: int | None = pid
@@ -108,6 +255,14 @@ class _RealProcess:
         self._status: ExitStatus | None = None
         self.read_bytes = READ_CHUNK_BYTES  # grows with the pipe (_grow_pipe)
         self._grown = False
+        self._terminal = terminal
+        self._stdin_pipe = _PipePort(stdin_fd) if stdin_fd is not None else None
+        self.stdin: StdinPort | None = _TerminalPort(self) if terminal else self._stdin_pipe
+
+    @property
+    def master_fd(self) -> int | None:
+        """The terminal's master (while open), for a command on a terminal."""
+        return self._read_fd if self._terminal else None
 
     async def read_some(self) -> bytes:
         while True:
@@ -120,7 +275,9 @@ class _RealProcess:
                 await trio.lowlevel.wait_readable(fd)
                 continue
             except OSError as exc:
-                if exc.errno == errno.EBADF:
+                # EIO: a terminal's master once no process holds its slave side any more (what
+                # end of output is on a terminal; whatever was printed was read before it).
+                if exc.errno == errno.EBADF or (exc.errno == errno.EIO and self._terminal):
                     return b""
                 raise
             if len(data) == self.read_bytes and not self._grown:
@@ -145,6 +302,10 @@ class _RealProcess:
                 piece = os.read(self._read_fd, self.read_bytes)
             except BlockingIOError:
                 break
+            except OSError as exc:
+                if exc.errno == errno.EIO and self._terminal:
+                    break  # a terminal nobody holds: nothing more to read
+                raise
             if not piece:
                 break
             pieces.append(piece)
@@ -205,8 +366,24 @@ class _RealProcess:
             os.close(fd)
 
     def close(self) -> None:
+        if self._stdin_pipe is not None:
+            self._stdin_pipe.close()
         self._close_fd("_read_fd")
         self._close_fd("_pidfd")
+
+
+# The Popen path cannot make a terminal the controlling terminal of the child's session (Popen
+# has no such option, and a `preexec_fn` is unsafe in an agent with worker threads), so a tiny
+# isolated Python (`-I -S`: no PYTHON* variables, no site, no cwd on the path) does it, puts back
+# the signal dispositions Python ignores (an ignored signal stays ignored across exec) and execs
+# the command. posix_spawn needs none of it: its child opens the terminal after setsid.
+_CONTROLLING_TERMINAL_HELPER = (
+    "import fcntl, os, signal, sys, termios\n"
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "for name in ('SIGPIPE', 'SIGXFSZ'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 class RealProcessBackend:
@@ -219,16 +396,27 @@ class RealProcessBackend:
     def uses_posix_spawn(self) -> bool:
         return self._spawner is not None
 
-    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+    ) -> SpawnedProcess:
+        if terminal is not None:
+            return self._spawn_on_terminal(argv, cwd, env, terminal)
         read_fd, write_fd = _pipe()
+        in_read, in_write = _pipe() if stdin else (None, None)
         popen: subprocess.Popen[bytes] | None = None
         try:
             if self._spawner is not None:
-                pid = self._spawner.spawn(argv, cwd, env, write_fd)
+                pid = self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read)
             else:
                 popen = subprocess.Popen(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL if in_read is None else in_read,
                     stdout=write_fd,
                     stderr=write_fd,  # one merged output, as a terminal shows it
                     cwd=cwd,
@@ -238,12 +426,51 @@ class RealProcessBackend:
                 )
                 pid = popen.pid
         except BaseException:
-            os.close(read_fd)
-            os.close(write_fd)
+            for fd in (read_fd, write_fd, in_read, in_write):
+                if fd is not None:
+                    os.close(fd)
             raise
         os.close(write_fd)
         os.set_blocking(read_fd, False)
-        return _RealProcess(pid, read_fd, popen)
+        if in_read is not None and in_write is not None:
+            os.close(in_read)
+            # Non-blocking: a large input waits for room on the loop, never in a write().
+            os.set_blocking(in_write, False)
+        return _RealProcess(pid, read_fd, popen, stdin_fd=in_write)
+
+    def _spawn_on_terminal(
+        self, argv: list[str], cwd: str, env: Mapping[str, str], size: TerminalSize
+    ) -> SpawnedProcess:
+        term = terminals.open_terminal(size)
+        popen: subprocess.Popen[bytes] | None = None
+        try:
+            if self._spawner is not None:
+                pid = self._spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
+            else:
+                if not os.access(argv[0], os.X_OK):
+                    # What Popen would raise for the command itself; the helper below would
+                    # only print a traceback on the terminal and exit.
+                    code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
+                    raise OSError(code, os.strerror(code), argv[0])
+                popen = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _CONTROLLING_TERMINAL_HELPER, *argv],
+                    stdin=term.slave,
+                    stdout=term.slave,
+                    stderr=term.slave,
+                    cwd=cwd,
+                    env=dict(env),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+                pid = popen.pid
+        except BaseException:
+            os.close(term.master)
+            raise
+        finally:
+            # The child holds its own slave side now (posix_spawn and Popen return after its
+            # exec), so once it and its children close theirs, the master reads EIO: the end.
+            os.close(term.slave)
+        return _RealProcess(pid, term.master, popen, terminal=True)
 
 
 def _pipe() -> tuple[int, int]:
@@ -282,6 +509,13 @@ class ProcessRecord:
     output_closed: trio.Event = field(default_factory=trio.Event)
     # Set whenever output arrives or the process changes state: waiters re-check.
     changed: trio.Event = field(default_factory=trio.Event)
+    # Its inputs (PROTOCOL.md 9.1, actors/stdin.py): their order, the bytes written to its stdin
+    # by all of them, whether an `eof` closed the stdin pipe, and an event set (and replaced)
+    # whenever the input at the head of the queue changes.
+    inputs: InputQueue = field(default_factory=InputQueue)
+    stdin_offset: int = 0
+    stdin_closed: bool = False
+    input_turn: trio.Event = field(default_factory=trio.Event)
 
     @property
     def running(self) -> bool:
@@ -290,6 +524,11 @@ class ProcessRecord:
     def notify(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
+
+    def next_input(self) -> None:
+        """Wake the inputs waiting for their turn: the head of the queue changed."""
+        self.input_turn.set()
+        self.input_turn = trio.Event()
 
 
 class ProcessTable:
@@ -334,9 +573,19 @@ class ProcessTable:
         cwd: str,
         env: Mapping[str, str],
         started_at_ms: int,
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
     ) -> ProcessRecord:
-        """Start a process (OSError if it cannot start). The caller runs `pump` and `reap`."""
-        handle = self._backend.spawn(argv, cwd, env)
+        """Start a process (OSError if it cannot start). The caller runs `pump` and `reap`.
+        `stdin`: its stdin is a pipe `process_input` writes to; `terminal`: it runs on a new
+        pseudo-terminal of that size (PROTOCOL.md 9.1)."""
+        # Only a command with an input asks the backend for one: a backend of scripted
+        # processes that offers none (a test's) is still a backend for everything else.
+        if terminal is not None or stdin:
+            handle = self._backend.spawn(argv, cwd, env, stdin=stdin, terminal=terminal)
+        else:
+            handle = self._backend.spawn(argv, cwd, env)
         buffer = OutputBuffer(
             retention_bytes=self._retention_bytes, result_bytes=self._result_bytes
         )
@@ -479,6 +728,20 @@ async def terminate(record: ProcessRecord, grace_s: float) -> None:
     await record.exited.wait()
     await wait_until_group_empty(record, GROUP_GONE_AFTER_KILL_S)
     record.stopped.set()
+
+
+async def stop_past_deadline(record: ProcessRecord, grace_s: float) -> bool:
+    """A command's hard deadline (`kill_after_ms`, PROTOCOL.md 9.2) has passed: when any member
+    of its process group is still alive (the shell, or what it left running in the background),
+    mark the process timed out (`process_output` then shows `timed_out: true`) and stop the
+    group as a cancel does: SIGTERM, `grace_s`, SIGKILL, until it is empty. Returns False (and
+    changes nothing) when the group was already empty."""
+    if not record.handle.group_alive():
+        return False
+    record.timed_out = True
+    record.notify()
+    await terminate(record, grace_s)
+    return True
 
 
 async def wait_until_group_empty(record: ProcessRecord, timeout_s: float) -> bool:

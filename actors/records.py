@@ -246,6 +246,13 @@ class RecordTable:
         record.outcome = result.outcome
         return True
 
+    def publish(self, record: ToolCallRecord) -> None:
+        """The saved result is durable and went to everyone waiting for it. From here on it
+        may be released to the journal, and the record forgotten once it is old (5.4)."""
+        if record.state is not RecordState.DONE or record.published:
+            raise TransitionError(f"{record.call_id} has no saved result to publish")
+        record.published = True
+
     def amend(self, record: ToolCallRecord, result: Result) -> None:
         """Replace a saved result that could not be stored (the journal refused its row) and no
         one has seen yet, by the agent-failure result that says so (PROTOCOL.md 9.9)."""
@@ -296,12 +303,15 @@ class RecordTable:
         return CancelAction.CLOSED_BEFORE_RUN, record
 
     def forget_expired(self, now: float, forget_after: float) -> list[ToolCallRecord]:
-        """Drop DONE records untouched for `forget_after` seconds (5.4). Live records stay."""
+        """Drop published records untouched for `forget_after` seconds (5.4). Live records,
+        and ended ones whose result is not durable and sent yet, stay."""
         forgotten: list[ToolCallRecord] = []
         for record in self._records.values():
             if record.touched_at + forget_after > now:
                 break  # ordered by touch: everything after is younger
-            if record.state is RecordState.DONE and not record.pinned:
+            # Only once its result went out: a result still on its way to disk is owed to
+            # whoever asked, and its durable report must find this record, not a new one.
+            if record.published and not record.pinned:
                 forgotten.append(record)
         for record in forgotten:
             del self._records[record.call_id]

@@ -48,6 +48,12 @@ def text_timed_out(timeout_ms: int) -> str:
     return f"tool call timed out after {timeout_ms} ms; the process is still running"
 
 
+def text_killed_after(kill_after_ms: int) -> str:
+    """PROTOCOL.md 9.2, 9.10: a call whose result was still owed when its hard deadline stopped
+    the process group."""
+    return f"tool call ran past its kill_after_ms of {kill_after_ms} ms; the process was stopped"
+
+
 class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
     """What a tool says about its own run, before the chat adds timing and output."""
 
@@ -56,6 +62,10 @@ class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, Any] | None = None
     # Model-facing output for tools that have no process output buffer (file tools: "").
     output: str = ""
+    # For an `output` cut from a process's output (process_input): the bytes it stands for and
+    # those omitted from its middle. None: `output` is whole, its UTF-8 length is the count.
+    output_bytes: int | None = None
+    truncated_bytes: int = 0
 
 
 class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):

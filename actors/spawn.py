@@ -8,13 +8,14 @@ Python: re-encoding ~70 environment variables, building the exec list, the error
 module costs 85 us and blocks 140 us. Python's own `os.posix_spawn` is not enough: 3.11 cannot
 set the child's working directory or close inherited descriptors, and `execute` needs both.
 
-The child gets exactly what `RealProcessBackend` asked Popen for (stdin=DEVNULL, stdout and
-stderr to one pipe, cwd, env, start_new_session=True, close_fds=True, restore_signals=True):
+The child gets exactly what `RealProcessBackend` asked Popen for (stdin=DEVNULL or a pipe,
+stdout and stderr to one pipe, cwd, env, start_new_session=True, close_fds=True,
+restore_signals=True; or a terminal as all three, see `spawn`):
 - a new session, hence a new process group (POSIX_SPAWN_SETSID): killed as a group;
 - SIGPIPE and SIGXFSZ back to their defaults (Python ignores SIGPIPE, and an ignored signal
   stays ignored across exec: `yes | head` would never end);
-- stdout and stderr onto the pipe, stdin onto /dev/null, then the working directory, then every
-  descriptor from 3 up closed;
+- stdout and stderr onto the pipe, stdin onto /dev/null (or the stdin pipe), then the working
+  directory, then every descriptor from 3 up closed;
 - the signal mask the caller had (glibc restores it in the child, as Popen's vfork path does).
 A failure in the child before exec (no such cwd, no such shell) comes back as the OSError Popen
 would raise, with the same errno. Arguments Popen refuses (a NUL byte, `=` in a variable name)
@@ -135,11 +136,28 @@ class PosixSpawner:
         except (AttributeError, OSError):
             return None
 
-    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str], out_fd: int) -> int:
-        """Start argv[0] (a path: no PATH search) with stdout and stderr on `out_fd` (>= 3),
-        stdin on /dev/null, in `cwd`, in a new session. Returns the pid."""
-        if out_fd < 3:
-            raise ValueError("out_fd must be >= 3, so the dup2 onto 1 and 2 cannot clobber it")
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        out_fd: int | None,
+        *,
+        stdin_fd: int | None = None,
+        terminal_path: str | None = None,
+    ) -> int:
+        """Start argv[0] (a path: no PATH search) in `cwd`, in a new session. Returns the pid.
+
+        Without `terminal_path`: stdout and stderr on `out_fd`, stdin on `stdin_fd` (a pipe's
+        read end) or on /dev/null; both descriptors >= 3. With it (then `out_fd` and `stdin_fd`
+        are None): the child opens that terminal as stdin, stdout and stderr. Its first open of
+        a terminal, right after `setsid` (glibc and musl run the session flag before the file
+        actions), makes it the session's controlling terminal, as `login_tty` would."""
+        if terminal_path is not None:
+            if out_fd is not None or stdin_fd is not None:
+                raise ValueError("a terminal is the child's stdin and output: no other fd")
+        elif out_fd is None or out_fd < 3 or (stdin_fd is not None and stdin_fd < 3):
+            raise ValueError("out_fd and stdin_fd must be >= 3: dup2 onto 0..2 must not clobber")
         args = [_encode(arg) for arg in argv]
         directory = _encode(cwd)
         block = self._env
@@ -149,9 +167,19 @@ class PosixSpawner:
         actions = ctypes.create_string_buffer(_FILE_ACTIONS_BYTES)
         _check(self._fa_init(actions))
         try:
-            _check(self._fa_dup2(actions, out_fd, 1))
-            _check(self._fa_dup2(actions, out_fd, 2))
-            _check(self._fa_open(actions, 0, _DEV_NULL, os.O_RDONLY, 0))
+            if terminal_path is not None:
+                # Without O_NOCTTY: this open is what acquires the controlling terminal.
+                _check(self._fa_open(actions, 0, _encode(terminal_path), os.O_RDWR, 0))
+                _check(self._fa_dup2(actions, 0, 1))
+                _check(self._fa_dup2(actions, 0, 2))
+            else:
+                assert out_fd is not None
+                _check(self._fa_dup2(actions, out_fd, 1))
+                _check(self._fa_dup2(actions, out_fd, 2))
+                if stdin_fd is not None:
+                    _check(self._fa_dup2(actions, stdin_fd, 0))
+                else:
+                    _check(self._fa_open(actions, 0, _DEV_NULL, os.O_RDONLY, 0))
             _check(self._fa_chdir(actions, directory))
             _check(self._fa_closefrom(actions, 3))
             pid = ctypes.c_int()

@@ -1,43 +1,44 @@
-"""Known bugs, planted in test-only `ChatActor` subclasses, to prove the checker can fail.
+"""Known bugs, planted in test-only `ChatState` subclasses, to prove the checker can fail.
 
-Each variant is passed to the real agent as `Agent(ctx, chat_class=...)`; production always uses
-`ChatActor` itself. `toolwire sim --plant NAME` (a hidden option) runs one of them, and
+Each variant is handed to the real agent as `Agent(ctx, state_class=...)`: the agent and its
+shells run unchanged, only the decisions differ; production always uses `ChatState` itself and
+keeps no hook for these. `toolwire sim --plant NAME` (a hidden option) runs one of them, and
 tests/test_simulation.py asserts that the simulator finds each one within a bounded number of
 seeds.
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
-import trio
-
-from toolwire.actors import execute_calls, processes
-from toolwire.actors.chat import CallSpec, ChatActor, TurnRun
-from toolwire.actors.outbox import Outbox
+from toolwire.actors.chat_state import ChatState
+from toolwire.actors.effects import (
+    AttachRequest,
+    CallRequest,
+    GroupEmpty,
+    ProcessExited,
+    TurnRequest,
+)
 from toolwire.actors.records import RecordState, ToolCallRecord
 from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
 
 
-class RepeatRunsAgain(ChatActor):
+class RepeatRunsAgain(ChatState):
     """A repeated `call` of a finished command forgets the saved result and runs it again."""
 
-    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
-        record = self.records.get(spec.call_id)
+    def _on_call(self, req: CallRequest) -> None:
+        record = self.records.get(req.spec.call_id)
         if (
             record is not None
             and record.done
             and record.tool == "execute"
             and record.outcome is Outcome.COMPLETED
         ):
-            self.records._records.pop(spec.call_id, None)
-        super().call(outbox, spec, stream=stream, rid=rid)
+            self.records._records.pop(req.spec.call_id, None)
+        super()._on_call(req)
 
 
-class CancelSaysNotRun(ChatActor):
+class CancelSaysNotRun(ChatState):
     """A cancel of a running command reports `not_run` although the command ran."""
 
     def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
@@ -53,34 +54,30 @@ class CancelSaysNotRun(ChatActor):
         return received, record
 
 
-class LostOutputChunk(ChatActor):
-    """Every third output arrival moves the followers' cursors past it: a chunk is never sent."""
+class LostOutputChunk(ChatState):
+    """An `attach` resumes one byte past the offset it asked for: that byte is never sent."""
 
-    _arrivals = 0
-
-    def _output_arrived(self, record: ToolCallRecord) -> None:
-        self._arrivals += 1
-        runtime = self._runtime(record)
-        if self._arrivals % 3 == 0 and runtime.process is not None:
-            for sub in runtime.subs.values():
-                sub.cursor = max(sub.cursor, runtime.process.output.total)
-        super()._output_arrived(record)
+    def _on_attach(self, req: AttachRequest) -> None:
+        super()._on_attach(replace(req, from_offset=req.from_offset + 1))
 
 
-class TurnMissingResult(ChatActor):
+class TurnMissingResult(ChatState):
     """A turn of several calls leaves its last call out of `turn_result`."""
 
-    async def _run_turn(self, run: TurnRun) -> None:
-        if len(run.call_ids) > 1:
+    def _on_turn(self, req: TurnRequest) -> None:
+        existing = req.turn_id in self.turns
+        super()._on_turn(req)
+        run = self.turns.get(req.turn_id)
+        if not existing and run is not None and len(run.call_ids) > 1:
             run.call_ids = run.call_ids[:-1]
-        await super()._run_turn(run)
 
 
-class WriteIgnoresExpected(ChatActor):
+class WriteIgnoresExpected(ChatState):
     """`write_file` and `edit_files` drop `expected_sha256`: a write never checks what it
     replaces (as if the check did not guard the rename)."""
 
-    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+    def _on_call(self, req: CallRequest) -> None:
+        spec = req.spec
         if spec.tool in ("write_file", "edit_files") and isinstance(spec.args, dict):
             args = {k: v for k, v in spec.args.items() if k != "expected_sha256"}
             if isinstance(args.get("files"), list):
@@ -90,31 +87,30 @@ class WriteIgnoresExpected(ChatActor):
                     else entry
                     for entry in args["files"]
                 ]
-            spec = replace(spec, args=args)
-        super().call(outbox, spec, stream=stream, rid=rid)
+            req = replace(req, spec=replace(spec, args=args))
+        super()._on_call(req)
 
 
-class KillGroupAtLeaderExit(ChatActor):
+class KillGroupAtLeaderExit(ChatState):
     """A cancel's SIGKILL follows as soon as the shell exits (the defect of issue 13): the other
     members of the group get no grace, so a child cleaning up after SIGTERM is killed midway."""
 
-    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        if fn is execute_calls.terminate:
-            fn = _terminate_at_leader_exit
-        super()._spawn(fn, *args)
+    def _on_process_exited(self, event: ProcessExited) -> None:
+        super()._on_process_exited(event)
+        self._kill_if_leader_gone(event.call_id)
+
+    def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
+        super()._stop_group(call_id, unless_exited=unless_exited)
+        if not unless_exited:  # a leftover group (5.3's done row): its shell is long gone
+            self._kill_if_leader_gone(call_id)
+
+    def _kill_if_leader_gone(self, call_id: str) -> None:
+        group = self.groups.get(call_id)
+        if group is not None and group.stopping == "term" and group.leader_exited:
+            self._on_group_empty(GroupEmpty(call_id))
 
 
-async def _terminate_at_leader_exit(chat: ChatActor, proc: processes.ProcessRecord) -> None:
-    if proc.running:
-        proc.handle.signal_group(signal.SIGTERM)
-        with trio.move_on_after(chat.ctx.kill_grace_s):
-            await proc.exited.wait()
-    proc.handle.signal_group(signal.SIGKILL)
-    await proc.exited.wait()
-    proc.stopped.set()
-
-
-PLANTED: dict[str, type[ChatActor]] = {
+PLANTED: dict[str, type[ChatState]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
     "lost-output-chunk": LostOutputChunk,

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import trio
 
-from toolwire.actors.processes import READ_CHUNK_BYTES, ExitStatus
+from toolwire.actors.processes import READ_CHUNK_BYTES, ExitStatus, InputClosed
+from toolwire.actors.terminal import DEFAULT_EOF_CHAR, TerminalSize
 
 # What a failing spawn raises: OSError is "the command could not start" (outcome failed), any
 # other exception is a failure inside the agent (outcome unknown).
@@ -104,6 +105,47 @@ class MemberRun:
         return done is not None and (self.killed_at is None or self.killed_at >= done)
 
 
+class SimStdin:
+    """A simulated command's input (`execute` with `stdin` or `pty`). Implements
+    `actors.processes.StdinPort`: while the command lives it takes every byte at once (a reader
+    that never falls behind) and keeps what it got, with the virtual time, for the checker."""
+
+    def __init__(self, process: SimProcess, terminal: TerminalSize | None) -> None:
+        self._process = process
+        self.terminal = terminal is not None
+        self.size = terminal
+        self.received: list[tuple[float, bytes]] = []
+        self.closed = False  # an `eof` closed the (simulated) pipe
+
+    def write_some(self, data: memoryview) -> int:
+        now = trio.current_time()
+        if self.closed or not self._process.alive(now):
+            raise InputClosed
+        self.received.append((now, bytes(data)))
+        return len(data)
+
+    async def wait_room(self) -> None:
+        await trio.lowlevel.checkpoint()  # never full: write_some always takes everything
+
+    def end(self) -> bytes:
+        if self.terminal:
+            return DEFAULT_EOF_CHAR
+        self.closed = True
+        return b""
+
+    def resize(self, size: TerminalSize) -> None:
+        if not self.terminal:
+            raise ValueError("a pipe has no size")
+        if not self._process.alive(trio.current_time()):
+            raise InputClosed
+        self.size = size
+
+    @property
+    def data(self) -> bytes:
+        """Everything the command was given, in the order it got it."""
+        return b"".join(data for _, data in self.received)
+
+
 class SimProcess:
     """One run of a script. Implements `actors.processes.SpawnedProcess`."""
 
@@ -114,12 +156,18 @@ class SimProcess:
         started: float,
         on_signal: Callable[[SimProcess, str], None] | None = None,
         reap_delay_s: float = 0.0,
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
     ) -> None:
         self.script = script
         # How long after the shell's exit `wait` returns: the moment a real agent sees a zombie
         # (`poll_exited`) before its reap task has run.
         self.reap_delay_s = reap_delay_s
         self.pid: int | None = pid
+        self.stdin: SimStdin | None = (
+            SimStdin(self, terminal) if stdin or terminal is not None else None
+        )
         self.started = started
         self.end_at = started + script.duration  # the shell's natural exit
         self.killed_at: float | None = None  # a signal (or the agent's crash) ended the shell
@@ -314,7 +362,15 @@ class SimBackend:
         self._next_pid = 1000
         self.running: list[SimProcess] = []
 
-    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SimProcess:
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+    ) -> SimProcess:
         command = argv[-1]
         script = self._scripts[command]
         if script.spawn_error == SPAWN_OSERROR:
@@ -323,7 +379,13 @@ class SimBackend:
             raise RuntimeError("simulated: the process backend failed")
         self._next_pid += 1
         proc = SimProcess(
-            script, self._next_pid, trio.current_time(), self._on_signal, self._reap_delay_s
+            script,
+            self._next_pid,
+            trio.current_time(),
+            self._on_signal,
+            self._reap_delay_s,
+            stdin=stdin,
+            terminal=terminal,
         )
         self.running.append(proc)
         self._on_spawn(command, proc)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import trio
 import trio.testing
 
-from toolwire.actors.chat import ChatActor
+from toolwire.actors.chat_state import ChatState
 from toolwire.simulation.checker import check
 from toolwire.simulation.orchestrator import ChatDriver
 from toolwire.simulation.planted import PLANTED
@@ -80,12 +80,12 @@ def run_world(
         plan = make_plan(seed, sc)
     else:
         sc = plan.scenario
-    chat_class = PLANTED[plant] if plant else ChatActor
+    state_class = PLANTED[plant] if plant else ChatState
     result = SeedResult(seed=seed, scenario=sc.name, wire=plan.wire)
     workspace = make_workspace(plan.files)
     trace = Trace()
     try:
-        world = World(plan, workspace, chat_class=chat_class, trace=trace)
+        world = World(plan, workspace, state_class=state_class, trace=trace)
         drivers = [ChatDriver(world, chat) for chat in plan.chats]
         runs = [d.run for d in drivers]
         end = [0.0]

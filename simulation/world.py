@@ -31,7 +31,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_st
 
 from toolwire.actors import events
 from toolwire.actors.agent import Agent, AgentContext
-from toolwire.actors.chat import ChatActor
+from toolwire.actors.chat_state import ChatState
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files as file_tools
@@ -235,12 +235,12 @@ class World:
         plan: Plan,
         workspace: str,
         *,
-        chat_class: type[ChatActor] = ChatActor,
+        state_class: type[ChatState] = ChatState,
         trace: Trace | None = None,
     ) -> None:
         self.plan = plan
         self.workspace = workspace
-        self.chat_class = chat_class
+        self.state_class = state_class
         self.trace = trace if trace is not None else Trace()
         self.rng = random.Random(f"{plan.seed}/world")
         self.gen = 0
@@ -328,7 +328,7 @@ class World:
 
     async def start_agent(self) -> None:
         assert self._nursery is not None
-        agent = Agent(self.ctx, agent_id="sim", chat_class=self.chat_class)
+        agent = Agent(self.ctx, agent_id="sim", state_class=self.state_class)
         restored = tuple(
             (row.chat_id, row.call_id, row.turn_id, row.state) for row in self.journal.rows.values()
         )

@@ -6,10 +6,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolwire.actors.call_results import execute_result, plain_result
+from toolwire.actors.effects import ProcessSnapshot
 from toolwire.actors.output import OutputBuffer
-from toolwire.actors.processes import ExitStatus
 from toolwire.actors.records import RecordState, ToolCallRecord
 from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, TEXT_CANCELED_WHILE_RUNNING, Outcome
+
+
+def snapshot(
+    buffer: OutputBuffer, *, exit_code: int | None, signal: str | None, exited: bool = True
+) -> ProcessSnapshot:
+    """The command "p" as its result tells it: what the shell reads off its process."""
+    output, truncated = buffer.result_output()
+    return ProcessSnapshot("p", exit_code, signal, exited, output, buffer.total, truncated)
 
 
 def record(started_at_ms: int | None, cancel_requested: bool = False) -> ToolCallRecord:
@@ -48,8 +56,8 @@ def test_an_execute_result_carries_head_and_tail_and_its_exit(
         buffer.append(chunk)
     buffer.close()
     result = execute_result(
-        record(1000), outcome=Outcome.COMPLETED, process_id="p", output=buffer,
-        status=ExitStatus(exit_code=exit_code, signal=None), timeout_ms=None,
+        record(1000), outcome=Outcome.COMPLETED,
+        snapshot=snapshot(buffer, exit_code=exit_code, signal=None), timeout_ms=None,
         timed_out=False, canceled=False, finished_ms=1500,
     )  # fmt: skip
     assert (result.output, result.truncated_bytes) == buffer.result_output()
@@ -60,7 +68,8 @@ def test_an_execute_result_carries_head_and_tail_and_its_exit(
 
 def test_the_exact_texts_of_section_7() -> None:
     buffer = OutputBuffer()
-    common = {"process_id": "p", "output": buffer, "status": None, "finished_ms": 2}
+    running = snapshot(buffer, exit_code=None, signal=None, exited=False)
+    common = {"snapshot": running, "finished_ms": 2}
     timed = execute_result(
         record(1), outcome=Outcome.TIMED_OUT, timeout_ms=250, timed_out=True, canceled=False,
         **common,  # type: ignore[arg-type]
@@ -72,9 +81,9 @@ def test_the_exact_texts_of_section_7() -> None:
     )  # fmt: skip
     assert killed.text == TEXT_CANCELED_WHILE_RUNNING and killed.canceled
     signaled = execute_result(
-        record(1), outcome=Outcome.COMPLETED, process_id="p", output=buffer,
-        status=ExitStatus(exit_code=None, signal="SIGKILL"), timeout_ms=None, timed_out=False,
-        canceled=False, finished_ms=2,
+        record(1), outcome=Outcome.COMPLETED,
+        snapshot=snapshot(buffer, exit_code=None, signal="SIGKILL"), timeout_ms=None,
+        timed_out=False, canceled=False, finished_ms=2,
     )  # fmt: skip
     assert signaled.text == "command was killed by SIGKILL"
     assert signaled.data == {"exit_code": None, "signal": "SIGKILL", "process_id": "p"}

@@ -119,6 +119,28 @@ def expected_result(cfg: Config, model: bytes) -> tuple[str, int]:
     return decode(head) + "\n" + OMITTED_MARKER.format(n=omitted) + "\n" + decode(tail), omitted
 
 
+def expected_result_since(
+    cfg: Config, model: bytes, ranges: tuple[tuple[int, int], ...], start: int
+) -> tuple[str, int]:
+    """The Result output of the bytes from `start` on (a process_input's, PROTOCOL.md 9.1),
+    from the model and the retained ranges: whole when all of them are retained and fit, else
+    the head (from the range holding `start`, if any) and the tail around the marker."""
+    total = len(model)
+    holding = next(((a, b) for a, b in ranges if a <= start < b), None)
+    whole = start == total or (holding is not None and holding[1] == total)
+    if whole and total - start <= cfg.result:
+        return decode(model[start:]), 0
+    head_end = start if holding is None else min(start + cfg.result_head, holding[1])
+    head = model[start:head_end]
+    head = head[: len(head) - held_back(head)]
+    # The tail comes from the range that ends at `total` (none if the newest bytes are gone).
+    last_start = ranges[-1][0] if ranges and ranges[-1][1] == total else total
+    tail = model[max(total - (cfg.result - cfg.result_head), last_start, head_end) :]
+    tail = tail[orphans(tail) :]
+    omitted = total - start - len(head) - len(tail)
+    return decode(head) + "\n" + OMITTED_MARKER.format(n=omitted) + "\n" + decode(tail), omitted
+
+
 def first_retained(ranges: tuple[tuple[int, int], ...], total: int, offset: int) -> int:
     for start, end in ranges:
         if offset < end:
@@ -274,6 +296,30 @@ def drain(buf: OutputBuffer, cursor: int, max_bytes: int, out: list[Chunk]) -> i
         out.append(chunk)
         cursor = chunk.next_offset
     return cursor
+
+
+@settings(max_examples=300, deadline=None)
+@given(cfg=CONFIGS, pieces=splits(), close=st.booleans(), data=st.data())
+def test_result_output_from_an_offset_matches_the_model(
+    cfg: Config, pieces: list[bytes], close: bool, data: st.DataObject
+) -> None:
+    """A process_input's output is the part of the process's output from where its write
+    began: head and tail of those bytes within the result limits, every dropped or omitted
+    byte counted, and from offset 0 exactly what the call's own result holds."""
+    buf = cfg.buffer()
+    model = b"".join(pieces)
+    for piece in pieces:
+        buf.append(piece)
+    if close:
+        buf.close()
+    start = data.draw(st.integers(0, len(model)))
+    text, truncated = buf.result_output(start)
+    assert (text, truncated) == expected_result_since(cfg, model, buf.retained_ranges(), start)
+    assert buf.result_output(0) == buf.result_output()
+    if truncated == 0:
+        assert text == decode(model[start:])
+    with pytest.raises(ValueError, match="start"):
+        buf.result_output(len(model) + 1)
 
 
 @settings(max_examples=200, deadline=None)

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolwire.actors.planner import (
+    BARRIER_TOOLS,
     MAX_PARALLEL_CALLS,
     READER_TOOLS,
     WRITER_TOOLS,
@@ -104,6 +105,12 @@ def access_of(lay: Layout, tool: str, args: object) -> Access:
 def test_constants() -> None:
     assert sorted(READER_TOOLS) == ["process_list", "process_output", "read_file", "search_files"]
     assert sorted(WRITER_TOOLS) == ["edit_files", "write_file"]
+    assert sorted(BARRIER_TOOLS) == [
+        "execute",
+        "process_input",
+        "process_resize",
+        "process_signal",
+    ]
     assert MAX_PARALLEL_CALLS == 8
 
 
@@ -297,6 +304,10 @@ def test_malformed_args_make_a_barrier(lay: Layout, tool: str, args: object) -> 
     [
         ("execute", {"command": "cat x"}),
         ("process_signal", {"process_id": "p", "signal": "SIGTERM"}),
+        # PROTOCOL.md 9.1: typing into or resizing a command is ordered against everything.
+        ("process_input", {"process_id": "p", "data": "y\n"}),
+        ("process_input", {"process_id": "p", "data": "", "eof": True, "path": "x"}),
+        ("process_resize", {"process_id": "p", "rows": 24, "cols": 80}),
         ("frobnicate", {"path": "x"}),
         ("", {}),
     ],
@@ -394,6 +405,8 @@ KINDS: dict[str, tuple[str, Access]] = {
     "process_output": ("process_output", Access.NONE),
     "execute": ("execute", Access.BARRIER),
     "process_signal": ("process_signal", Access.BARRIER),
+    "process_input": ("process_input", Access.BARRIER),
+    "process_resize": ("process_resize", Access.BARRIER),
     "unknown": ("frobnicate", Access.BARRIER),
     "bad_list": ("read_file", Access.BARRIER),
     "bad_missing": ("write_file", Access.BARRIER),
@@ -458,7 +471,14 @@ def render(lay: Layout, turn: list[Abstract], which: int = 0) -> list[PlannedCal
         elif kind == "bad_files":
             args = {"files": path}
         else:
-            args = {"process_id": "p", "command": path, "signal": "SIGTERM"}
+            args = {
+                "process_id": "p",
+                "command": path,
+                "signal": "SIGTERM",
+                "data": path,
+                "rows": 24,
+                "cols": 80,
+            }
         calls.append(PlannedCall(f"c{i}", tool, args))
     return calls
 

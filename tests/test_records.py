@@ -65,6 +65,7 @@ class Model:
     released: bool = False  # the owner took the result off the record (the journal holds it)
     canceled_before_run: bool = False
     pins: int = 0
+    published: bool = False  # the owner sent the durable result: the record may be forgotten
 
     @property
     def done(self) -> bool:
@@ -271,12 +272,28 @@ class RecordTableMachine(RuleBasedStateMachine):
             model.result = record.result
             model.canceled_before_run = True
 
+    @rule(call_id=CALL_IDS)
+    def publish(self, call_id: str) -> None:
+        if call_id not in self.model:
+            return
+        record = self.record(call_id)
+        model = self.model[call_id]
+        if model.done and not model.published:
+            self.table.publish(record)
+            model.published = True
+            assert record.published
+        else:
+            before = snapshot(record)
+            with pytest.raises(TransitionError):
+                self.table.publish(record)
+            assert snapshot(record) == before
+
     @rule()
     def forget(self) -> None:
         expected = {
             call_id
             for call_id, m in self.model.items()
-            if m.done and not m.pins and self.now - m.touched_at >= FORGET_AFTER
+            if m.published and not m.pins and self.now - m.touched_at >= FORGET_AFTER
         }
         forgotten = self.table.forget_expired(self.now, FORGET_AFTER)
         assert {r.call_id for r in forgotten} == expected
@@ -471,6 +488,8 @@ def test_5_4_forgets_only_old_done_unpinned_and_touch_resets_age() -> None:
     table = RecordTable()
     _, done_old = admit(table, "done-old", now=0.0)
     table.finish(done_old, result(Outcome.COMPLETED))
+    _, unsent = admit(table, "unsent", now=0.0)
+    table.finish(unsent, result(Outcome.COMPLETED))  # its result is not durable and sent yet
     _, running = admit(table, "running", now=0.0)
     _, pinned = admit(table, "pinned", now=0.0)
     table.finish(pinned, result(Outcome.COMPLETED))
@@ -478,16 +497,19 @@ def test_5_4_forgets_only_old_done_unpinned_and_touch_resets_age() -> None:
     _, touched = admit(table, "touched", now=0.0)
     table.finish(touched, result(Outcome.COMPLETED))
     table.touch(touched, 60.0)
+    for record in (done_old, pinned, touched):
+        table.publish(record)
     assert table.forget_expired(99.9, FORGET_AFTER) == []
     assert [r.call_id for r in table.forget_expired(100.0, FORGET_AFTER)] == ["done-old"]
-    assert {r.call_id for r in table} == {"running", "pinned", "touched"}
+    assert {r.call_id for r in table} == {"unsent", "running", "pinned", "touched"}
     assert table.forget_expired(159.9, FORGET_AFTER) == []
     assert [r.call_id for r in table.forget_expired(160.0, FORGET_AFTER)] == ["touched"]
     pinned.pins -= 1
     assert table.forget_expired(160.0, FORGET_AFTER) == []  # one holder is left
     pinned.pins -= 1
     assert [r.call_id for r in table.forget_expired(160.0, FORGET_AFTER)] == ["pinned"]
-    assert [r.call_id for r in table] == ["running"]  # live records are never forgotten
+    # Live records are never forgotten, nor one whose result is still owed.
+    assert [r.call_id for r in table] == ["unsent", "running"]
     assert running.state is RecordState.RUNNING
     # A forgotten id is unknown again: 5.4 lets it run anew (its record is gone).
     assert admit(table, "done-old", now=200.0)[0] is Admission.NEW

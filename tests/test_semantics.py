@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 import wsproto
 import wsproto.events
 
@@ -975,7 +976,8 @@ async def test_a_repeat_after_the_end_does_not_cut_undelivered_output(
         agent.call(outbox, "c", spec, stream=True, rid=None)
         record = agent.chats["c"].records.get("c1")
         assert record is not None
-        await record.runtime.done.wait()
+        while not record.published:  # the command ended and its result was put
+            await trio.testing.wait_all_tasks_blocked()
         agent.call(outbox, "c", spec, stream=True, rid=None)  # nothing was taken yet
         got = outbox.take(10_000)
     kinds = [type(e).__name__ for e in got]

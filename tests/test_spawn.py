@@ -23,6 +23,7 @@ from tests.oswatch import alive
 from toolwire.actors import processes
 from toolwire.actors.processes import ExitStatus, RealProcessBackend, SpawnedProcess
 from toolwire.actors.spawn import PosixSpawner
+from toolwire.actors.terminal import TerminalSize
 
 TEST_DEADLINE_S = 10.0
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TOOLWIRE_TEST": "spawn"}
@@ -234,6 +235,159 @@ def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> 
         timeout=TEST_DEADLINE_S,
     )
     assert out.read_text() == repr([(b"hello\nworld\n", 0), (b"hello\nworld\n", 0)])
+
+
+def test_stdin_pipes_and_terminals_work_with_the_standard_descriptors_closed(
+    tmp_path: Path,
+) -> None:
+    """With 0..2 closed in the agent, a stdin pipe's and a terminal's own descriptors would be
+    0..2 too: they must not be clobbered by the child's dup2s either (PROTOCOL.md 9.1)."""
+    out = tmp_path / "out.txt"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, trio
+        from toolwire.actors.processes import RealProcessBackend
+        from toolwire.actors.terminal import TerminalSize
+        async def read_all(proc):
+            data = b""
+            while piece := await proc.read_some():
+                data += piece
+            return data, (await proc.wait()).exit_code
+        async def main():
+            for fd in (0, 1, 2):
+                os.close(fd)
+            results = []
+            for posix_spawn in (True, False):
+                backend = RealProcessBackend(posix_spawn=posix_spawn)
+                proc = backend.spawn(
+                    ["/bin/sh", "-c", "cat; echo world >&2"], "/", {{}}, stdin=True)
+                assert proc.stdin.write_some(memoryview(b"in\\n")) == 3
+                proc.stdin.end()
+                results.append(await read_all(proc))
+                proc.close()
+                proc = backend.spawn(
+                    ["/bin/sh", "-c", "echo hello; echo world >&2"], "/", {{}},
+                    terminal=TerminalSize(24, 80))
+                results.append(await read_all(proc))
+                proc.close()
+            with open({str(out)!r}, "w") as f:
+                f.write(repr(results))
+        trio.run(main)
+        """
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [sys.executable, "-c", script],
+        check=True,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        timeout=TEST_DEADLINE_S,
+    )
+    expected = [(b"in\nworld\n", 0), (b"hello\r\nworld\r\n", 0)] * 2
+    assert out.read_text() == repr(expected)
+
+
+# --- stdin and terminals (PROTOCOL.md 9.1) --------------------------------------------------------
+
+
+async def test_a_stdin_pipe_carries_input_until_it_is_ended(backend: RealProcessBackend) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = backend.spawn(
+            ["/bin/sh", "-c", "readlink /proc/$$/fd/0 | cut -c1-5; cat"], "/", ENV, stdin=True
+        )
+        try:
+            port = proc.stdin
+            assert port is not None and not port.terminal
+            assert port.write_some(memoryview(b"typed\n")) == 6
+            assert port.end() == b""  # a pipe is closed: the program reads the end
+            with pytest.raises(processes.InputClosed):
+                port.write_some(memoryview(b"late"))
+            assert await read_all(proc) == b"pipe:\ntyped\n"
+            assert (await proc.wait()).exit_code == 0
+        finally:
+            proc.close()
+
+
+async def test_a_full_stdin_pipe_takes_nothing_until_there_is_room(
+    backend: RealProcessBackend,
+) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = backend.spawn(["/bin/sh", "-c", "read go; cat >/dev/null"], "/", ENV, stdin=True)
+        try:
+            port = proc.stdin
+            assert port is not None
+            written = 0
+            while (n := port.write_some(memoryview(b"x" * 65536))) > 0:
+                written += n  # never blocks: a full pipe takes 0
+            assert written > 0
+            await port.wait_room()  # the program reads: room again
+            assert port.write_some(memoryview(b"y")) == 1
+        finally:
+            proc.signal_group(signal.SIGKILL)
+            await proc.wait()
+            proc.close()
+
+
+async def test_a_terminal_spawn_and_its_resize(backend: RealProcessBackend) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        proc = backend.spawn(
+            ["/bin/sh", "-c", "stty size; read line; stty size; echo got $line"],
+            "/",
+            ENV,
+            terminal=TerminalSize(24, 80),
+        )
+        try:
+            port = proc.stdin
+            assert port is not None and port.terminal
+            assert await proc.read_some() == b"24 80\r\n"
+            port.resize(TerminalSize(50, 132))
+            assert port.write_some(memoryview(b"hi\n")) == 3
+            # The echo of the typed line, then the program's own lines, all CR LF.
+            assert await read_all(proc) == b"hi\r\n50 132\r\ngot hi\r\n"
+            assert (await proc.wait()).exit_code == 0
+        finally:
+            proc.close()
+        with pytest.raises(processes.InputClosed):
+            port.write_some(memoryview(b"late"))  # released with the process
+
+
+async def test_terminal_spawns_leave_no_process_and_no_descriptor(
+    backend: RealProcessBackend,
+) -> None:
+    before = open_fds()
+    pids = []
+    with trio.fail_after(TEST_DEADLINE_S):
+        for i in range(20):
+            proc = backend.spawn(
+                ["/bin/sh", "-c", f"echo {i}"], "/", ENV, terminal=TerminalSize(24, 80)
+            )
+            assert proc.pid is not None
+            pids.append(proc.pid)
+            assert await read_all(proc) == f"{i}\r\n".encode()
+            assert (await proc.wait()).exit_code == 0
+            proc.close()
+            proc = backend.spawn(["/bin/sh", "-c", "cat"], "/", ENV, stdin=True)
+            assert proc.stdin is not None
+            proc.stdin.end()
+            assert await read_all(proc) == b""
+            await proc.wait()
+            proc.close()
+    assert not any(alive(pid) for pid in pids)
+    assert open_fds() == before
+
+
+@pytest.mark.parametrize("missing", ["shell", "cwd"])
+async def test_a_terminal_command_that_cannot_start_fails_and_leaks_nothing(
+    backend: RealProcessBackend, tmp_path: Path, missing: str
+) -> None:
+    before = open_fds()
+    argv = ["/nonexistent/sh" if missing == "shell" else "/bin/sh", "-c", "true"]
+    cwd = str(tmp_path / "missing") if missing == "cwd" else "/"
+    with pytest.raises(FileNotFoundError):
+        backend.spawn(argv, cwd, ENV, terminal=TerminalSize(24, 80))
+    with pytest.raises(FileNotFoundError):
+        backend.spawn(argv, cwd, ENV, stdin=True)
+    assert open_fds() == before
 
 
 # --- the output pipe ------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
         assert second.welcome["boot_id"] == welcome["boot_id"]  # one agent start, one boot id
         assert welcome["tools"] == [
             "execute", "process_output", "process_signal", "process_list",
+            "process_input", "process_resize",
             "read_file", "write_file", "edit_files", "search_files",
         ]  # fmt: skip
         assert welcome["limits"] == {
@@ -78,9 +79,25 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "forget_after_s": 3600,
             "exited_retention_s": 3600,
             "max_processes_per_chat": 64,
+            "kill_grace_ms": 2000,  # PROTOCOL.md 9: the grace of 5.3
         }
         # The 1.1 additions this build implements, and only those (PROTOCOL.md 9).
-        assert welcome["features"] == ["approval_scope", "expected_sha256", "http_status"]
+        assert welcome["features"] == [
+            "stdin",
+            "pty",
+            "kill_after",
+            "approval_scope",
+            "expected_sha256",
+            "http_status",
+        ]
+
+
+async def test_welcome_reports_the_agents_kill_grace(nursery: trio.Nursery, tmp_path: Path) -> None:
+    # A client learns how long a cancel, a hard deadline or a shutdown may take to stop a
+    # process group: the grace the agent really gives (PROTOCOL.md 9, 5.3).
+    server = await start_server(nursery, tmp_path, kill_grace_s=0.25)
+    async with server.connect() as conn:
+        assert conn.welcome["limits"]["kill_grace_ms"] == 250
 
 
 async def test_requests_sent_before_welcome_is_read_are_accepted(live: LiveServer) -> None:

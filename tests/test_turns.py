@@ -23,7 +23,6 @@ import trio
 
 from tests.conftest import LiveServer
 from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
-from toolwire.actors.chat import CallRuntime
 from toolwire.actors.tools import files as file_tools
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
@@ -610,20 +609,16 @@ async def limiter_holds(
     holding a token of the turn's "at most 8 at once" limiter, and `waiting` calls wait for one.
     Read from the agent: no message shows it (a `process_output` call sends no `started`), and
     neither has an event to await: polled."""
-    records = [live.agent.chats[CHAT].records.get(call_id) for call_id in call_ids]
+    state = live.agent.chats[CHAT].state
+    records = [state.records.get(call_id) for call_id in call_ids]
     assert all(r is not None for r in records)
-    runtime = records[0].runtime if records[0] is not None else None
-    assert isinstance(runtime, CallRuntime) and runtime.limiter is not None
-    limiter = runtime.limiter
-    assert limiter.total_tokens == 8
+    turn_id = records[0].turn_id if records[0] is not None else None
+    assert turn_id is not None
+    run = state.turns[turn_id]
 
     def holds() -> bool:
         started = sum(1 for r in records if r is not None and r.effect_started)
-        return (
-            started == running
-            and limiter.borrowed_tokens == running
-            and limiter.statistics().tasks_waiting == waiting
-        )
+        return started == running and run.running == running and len(run.waiting) == waiting
 
     while not holds():  # noqa: ASYNC110
         await trio.sleep(0.005)

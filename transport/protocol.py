@@ -52,7 +52,7 @@ ErrorCode = Literal[
 # `approval_scope`: `approve.scope` "chat" approves a tool for the whole chat (9.5).
 # `expected_sha256`: file digests and write preconditions (9.4).
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
-FEATURES = ("approval_scope", "expected_sha256", "http_status")
+FEATURES = ("stdin", "pty", "kill_after", "approval_scope", "expected_sha256", "http_status")
 
 
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
@@ -175,6 +175,9 @@ class Limits(msgspec.Struct, kw_only=True):
     forget_after_s: int
     exited_retention_s: int
     max_processes_per_chat: int
+    # 1.1 (PROTOCOL.md 9): how long a stopped process group has from SIGTERM to exit before
+    # SIGKILL (5.3, 9.2, 9.3). Optional for the client: an agent of 1.0 does not send it.
+    kill_grace_ms: int | None = None
 
 
 class Result(msgspec.Struct, kw_only=True):

@@ -322,6 +322,8 @@ class Session:
 
     async def run(self) -> None:
         limits = self.agent.ctx.limits.as_dict()
+        # The grace is the agent's (AgentContext), not one of the request limits.
+        limits["kill_grace_ms"] = round(self.agent.ctx.kill_grace_s * 1000)
         welcome = protocol.Welcome(
             protocol=protocol.PROTOCOL_VERSION,
             agent_id=self.agent.agent_id,

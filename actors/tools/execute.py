@@ -1,4 +1,4 @@
-"""The `execute` tool's arguments and how they become a process (PROTOCOL.md 5.2, 8)."""
+"""The `execute` tool's arguments and how they become a process (PROTOCOL.md 5.2, 8, 9.1-2)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,37 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from toolwire.actors.terminal import (
+    DEFAULT_TERM,
+    MAX_TERMINAL_SIDE,
+    MIN_TERMINAL_SIDE,
+    TerminalSize,
+)
+
+TerminalSide = Annotated[int, msgspec.Meta(ge=MIN_TERMINAL_SIDE, le=MAX_TERMINAL_SIDE)]
+
+
+class TerminalArgs(msgspec.Struct, kw_only=True):
+    """`execute`'s `pty`: the size of the command's new terminal (PROTOCOL.md 9.1)."""
+
+    rows: TerminalSide
+    cols: TerminalSide
+
 
 class ExecuteArgs(msgspec.Struct, kw_only=True):
     command: Annotated[str, msgspec.Meta(min_length=1)]
     cwd: str | None = None
     env: dict[str, str] | None = None
     shell: Literal["sh", "bash"] | None = None
+    # 9.1: stdin is a pipe `process_input` writes to, instead of closed.
+    stdin: bool = False
+    # 9.1: run on a new pseudo-terminal of this size (stdin, stdout and stderr). It implies
+    # stdin: with it, `stdin` is true whatever it says (false is also what a client that sends
+    # every default sends, and cannot be told from an omitted one).
+    pty: TerminalArgs | None = None
+    # 9.2: the hard deadline from the first start: the whole group is stopped when it passes.
+    # 0 (like `timeout_ms` 0) means none.
+    kill_after_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}
@@ -46,6 +71,26 @@ def cwd_for(args: ExecuteArgs, workspace: str) -> str:
 
 def env_for(args: ExecuteArgs, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
+    if args.pty is not None:
+        # The terminal's own type, not whatever the agent was started under (PROTOCOL.md 9.1):
+        # only the call's `env` names another.
+        env["TERM"] = DEFAULT_TERM
     if args.env:
         env.update(args.env)
     return env
+
+
+def stdin_for(args: ExecuteArgs) -> bool:
+    """Whether the command gets an input `process_input` can write to."""
+    return args.stdin or args.pty is not None
+
+
+def terminal_for(args: ExecuteArgs) -> TerminalSize | None:
+    """The size of the command's terminal, or None without `pty`."""
+    return None if args.pty is None else TerminalSize(args.pty.rows, args.pty.cols)
+
+
+def kill_after_s(args: ExecuteArgs) -> float | None:
+    """The hard deadline (PROTOCOL.md 9.2) in seconds after the FIRST start, or None (absent or
+    0, as `timeout_ms` 0 is no deadline)."""
+    return args.kill_after_ms / 1000 if args.kill_after_ms else None

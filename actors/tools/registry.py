@@ -1,4 +1,4 @@
-"""The tools of protocol version 1, how their args are checked, and how each one runs."""
+"""The tools of protocol version 1 (and 1.1), how their args are checked, and how each runs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import msgspec
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute, files
 from toolwire.actors.tools.execute import ExecuteArgs
-from toolwire.actors.tools.process_tools import (
+from toolwire.actors.tools.process_args import (
+    ProcessInputArgs,
     ProcessListArgs,
     ProcessOutputArgs,
+    ProcessResizeArgs,
     ProcessSignalArgs,
 )
 
@@ -42,6 +44,10 @@ TOOLS: dict[str, ToolDef] = {
         ToolDef("process_output", ProcessOutputArgs, ToolKind.PROCESS, read_only=True),
         ToolDef("process_signal", ProcessSignalArgs, ToolKind.PROCESS),
         ToolDef("process_list", ProcessListArgs, ToolKind.PROCESS, read_only=True),
+        # PROTOCOL.md 9.1. Not read-only: a start row is journaled before the input is written,
+        # so a retry after a restart finds it and never types twice.
+        ToolDef("process_input", ProcessInputArgs, ToolKind.PROCESS),
+        ToolDef("process_resize", ProcessResizeArgs, ToolKind.PROCESS),
         ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE, read_only=True),
         ToolDef("write_file", files.WriteFileArgs, ToolKind.INLINE),
         ToolDef("edit_files", files.EditFilesArgs, ToolKind.INLINE),

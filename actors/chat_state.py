@@ -1,0 +1,1556 @@
+"""ChatState: every rule of PROTOCOL.md sections 5 and 9 that concerns one chat, in one place.
+
+Everything that decides what a chat does lives in this file: admitting calls (run once per
+call id), gates and approvals, starts that wait for the journal, cancels and interrupts,
+results (one per call, durable before sent), who is owed which reply and in what order, turns,
+forgetting and pins, and rebuilding after a restart. It is pure: no trio, no I/O and no clock
+reads. `handle(input, now, wall_ms)` applies one input (a request, or a report of what happened:
+see actors/effects.py) synchronously and returns the effects the shell must carry out, in
+order. The shell (actors/chat.py) feeds what those effects report back in as new inputs.
+
+A request that is refused raises `ToolwireError` before anything changes. Any other input
+never raises for a reason a user caused.
+
+The record table itself (one record per call id, its states and transitions) is the smaller
+pure machine of actors/records.py; this module decides when each transition happens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from toolwire.actors import call_results, planner
+from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
+from toolwire.actors.effects import (
+    AlreadyExited,
+    ApprovalRestored,
+    ApproveRequest,
+    AttachRequest,
+    CallEnded,
+    CallRequest,
+    CancelRequest,
+    CancelTimer,
+    Conn,
+    Deadline,
+    Detach,
+    DetachRequest,
+    Effect,
+    Follow,
+    FollowMode,
+    Forgotten,
+    GateExpired,
+    GraceOver,
+    GroupEmpty,
+    GroupStopped,
+    Input,
+    InterruptRequest,
+    JournalApproveTool,
+    JournalDelete,
+    JournalFailed,
+    JournalForgetApprovals,
+    JournalTouch,
+    JournalWrite,
+    KillAfter,
+    KillGroup,
+    MarkTimedOut,
+    OutputClosed,
+    ProcessExited,
+    ProcessSnapshot,
+    Publish,
+    ReadBack,
+    Restored,
+    ResultDurable,
+    ResultsRead,
+    RunTool,
+    Send,
+    SendReplay,
+    SendResult,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    StartDurable,
+    StartTimer,
+    StopGroup,
+    StopRun,
+    Sweep,
+    ToolEnded,
+    ToolFailed,
+    ToolStopped,
+    TurnRequest,
+)
+from toolwire.actors.events import (
+    AcceptedEvent,
+    ApprovalEvent,
+    ApprovalResolvedEvent,
+    CancelResultEvent,
+    Event,
+    InterruptedEvent,
+    ResultEvent,
+    Rid,
+    StartedEvent,
+    TurnPlanEvent,
+    TurnResultEvent,
+)
+from toolwire.actors.journal_rows import JournalRow
+from toolwire.actors.records import (
+    Admission,
+    CancelAction,
+    RecordState,
+    RecordTable,
+    ToolCallRecord,
+    args_fingerprint,
+)
+from toolwire.actors.result_cache import ResultCache
+from toolwire.actors.results import (
+    TEXT_AGENT_FAILURE,
+    TEXT_AGENT_FAILURE_BEFORE_RUN,
+    TEXT_AGENT_RESTARTED,
+    TEXT_APPROVAL_EXPIRED,
+    TEXT_CANCELED_BEFORE_RUN,
+    TEXT_CANCELED_WHILE_RUNNING,
+    Outcome,
+    Result,
+    ToolwireError,
+    text_denied,
+    text_killed_after,
+)
+from toolwire.actors.tools.execute import ExecuteArgs
+from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs
+from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
+
+# What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
+# chat (ten thousand idle chats). Nothing is added to them outside `handle`.
+_IDLE: list[Any] = []
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """What every chat of one agent shares: policy and limits, no clocks and no I/O."""
+
+    workspace: str
+    max_processes_per_chat: int
+    forget_after_s: float
+    kill_grace_s: float
+    approve_tools: frozenset[str] = frozenset()
+    approval_timeout_s: float | None = None
+    # Rows are written at all (a MemoryJournal writes none: every row is "durable" at once).
+    journal_enabled: bool = False
+    # The journal holds results: a published result leaves the heap (see `ResultCache`).
+    journal_keeps_results: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Follower:
+    """One connection following one call: how it follows and how many results it is owed."""
+
+    stream: bool = False
+    resolved_events: bool = False  # approval_resolved even without stream (a turn's calls)
+    detached: bool = False
+    owed: int = 0  # requests on this connection waiting for the call's result
+
+
+@dataclass(eq=False, slots=True)
+class CallState:
+    """What the chat keeps for a call until its result is published (the record keeps the
+    rest: state, outcome, result; a published call needs nothing else)."""
+
+    spec: CallSpec
+    parsed: msgspec.Struct | None = None
+    invalid: str | None = None  # why the args are unusable (turn calls only: fails when run)
+    followers: dict[Conn, Follower] = field(default_factory=dict)
+    started: StartedEvent | None = None
+    gate_open: bool = False
+    # Between the start (the record says RUNNING) and the durable start that lets the effect
+    # happen: a failure in between ends the call `not_run`, since nothing can have started.
+    start_pending: bool = False
+    # A wait (process_output, process_input) that a cancel can end.
+    stoppable: bool = False
+    # The command's hard deadline (trio time), fixed at the first start (PROTOCOL.md 9.2).
+    kill_at: float | None = None
+    # Launched under its turn's "at most 8 at once": the turn gets the slot back at its end.
+    turn: TurnState | None = None
+    # Its result's row was refused and replaced by the agent-failure result (9.9).
+    amended: bool = False
+    # Its result could not be journaled: it stays on the heap, never read back.
+    unsaved: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class GroupState:
+    """A command's process group, from its spawn until nothing of it is left to stop."""
+
+    started_at_ms: int
+    leader_exited: bool = False
+    output_closed: bool = False
+    # None, "term" (SIGTERM sent, the grace runs) or "kill" (SIGKILL sent, waiting for gone).
+    stopping: str | None = None
+    # A stop ever began: the call's result and the cancel replies say `canceled`.
+    canceled: bool = False
+    # Its hard deadline (ms) while it has not passed: the group is watched until then, also
+    # after its shell exited (a member may live on without the output pipe).
+    kill_after_ms: int | None = None
+    # Its hard deadline passed with members alive: the stop is the deadline's, not a cancel's.
+    killed_after: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class TurnState:
+    """One turn of a chat: its calls in request order and the plan that runs them."""
+
+    turn_id: str
+    call_ids: list[str]
+    fingerprint: bytes
+    segments: list[list[str]]
+    # One entry per `turn` request made while the turn runs: each gets its own turn_result.
+    followers: list[Conn] = field(default_factory=list)
+    segment: int = -1  # the segment running now
+    advancing: bool = False  # `_next_segment` is starting a segment
+    running: int = 0  # calls holding one of its MAX_PARALLEL_CALLS slots
+    waiting: deque[str] = field(default_factory=deque)  # launched, waiting for a slot
+    # Every call has its published result. The results stay with the records (and the
+    # journal): a repeated turn reads them from there, so a finished turn holds none.
+    finished: bool = False
+    done: bool = False  # its turn_result went to the followers
+
+    def current_calls(self) -> list[str]:
+        """The calls of the segment running now (none before the first or after the last)."""
+        return self.segments[self.segment] if 0 <= self.segment < len(self.segments) else []
+
+
+@dataclass(eq=False, slots=True)
+class _Delivery:
+    """Results owed to one reply, sent in request order with every other delivery."""
+
+    call_ids: list[str]
+    send: Callable[[list[Result]], list[Effect]]
+
+
+@dataclass(eq=False, slots=True)
+class _PendingReply:
+    """A cancel_result or interrupted that waits until what it reports on is over."""
+
+    ready: Callable[[], bool]
+    fire: Callable[[], None]
+
+
+class ChatState:
+    """The state of one chat and the one place its decisions are made (module docstring)."""
+
+    # Ten thousand chats: an instance dict would cost each about 500 bytes more.
+    __slots__ = (
+        "_active_turns",
+        "_lane",
+        "_lane_held",
+        "_launching",
+        "_now",
+        "_out",
+        "_reading",
+        "_replies",
+        "_running_processes",
+        "_to_advance",
+        "_wall_ms",
+        "approved_tools",
+        "calls",
+        "chat_id",
+        "config",
+        "groups",
+        "records",
+        "results",
+        "turns",
+    )
+
+    def __init__(self, chat_id: str, config: ChatConfig, results: ResultCache) -> None:
+        self.chat_id = chat_id
+        self.config = config
+        # The agent's recent results (shared by its chats): with a journal that keeps results,
+        # a published record's result lives there or in the journal, not in the record.
+        self.results = results
+        self.records = RecordTable()
+        self.calls: dict[str, CallState] = {}
+        self.turns: dict[str, TurnState] = {}
+        self.groups: dict[str, GroupState] = {}
+        # Tools approved for the whole chat (9.5). A tuple: the empty one is shared, so the
+        # chats that never approve so pay nothing for it.
+        self.approved_tools: tuple[str, ...] = ()
+        # Executes launched but not spawned yet: each holds a process slot (a burst of calls
+        # cannot get past max_processes_per_chat before the first ones spawn).
+        # (Dicts used as sets: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
+        self._launching: dict[str, None] = {}
+        self._running_processes: dict[str, None] = {}
+        # Deliveries waiting for results read back from the journal, in request order, and
+        # what was at hand for them when the read began (the cache may evict it meanwhile).
+        # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
+        self._lane: list[_Delivery] = []
+        self._lane_held: dict[str, Result] = {}
+        self._reading = False
+        self._replies: list[_PendingReply] = []
+        self._active_turns: list[TurnState] = []
+        self._to_advance: list[TurnState] = _IDLE
+        self._now = 0.0
+        self._wall_ms = 0
+        self._out: list[Effect] = _IDLE
+
+    # -----------------------------------------------------------------------------------------
+    # The one entry point
+
+    def handle(self, event: Input, now: float, wall_ms: int) -> list[Effect]:
+        """Apply one input at trio time `now` and wall clock `wall_ms`; return the effects."""
+        self._now = now
+        self._wall_ms = wall_ms
+        out: list[Effect] = []
+        self._out = out
+        self._to_advance = []
+        self._handlers[type(event)](self, event)
+        while self._to_advance:
+            self._next_segment(self._to_advance.pop(0))
+        self._to_advance = _IDLE
+        if self._replies:
+            self._settle()
+        self._out = _IDLE
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left: no record, no turn, no process group, nothing waiting."""
+        return not (
+            self.records
+            or self.turns
+            or self.groups
+            or self._lane
+            or self._replies
+            or self._launching
+            or self._running_processes
+        )
+
+    @property
+    def running_process_count(self) -> int:
+        return len(self._running_processes) + len(self._launching)
+
+    def _emit(self, effect: Effect) -> None:
+        self._out.append(effect)
+
+    # -----------------------------------------------------------------------------------------
+    # Requests
+
+    def _on_call(self, req: CallRequest) -> None:
+        """A `call` request (PROTOCOL.md 5.1)."""
+        spec = req.spec
+        record = self.records.get(spec.call_id)
+        parsed: msgspec.Struct | None = None
+        if record is None or record.tool is None:
+            tool = lookup(spec.tool)
+            parsed = parse_args(tool, spec.args)
+            self._check_options(tool, spec)
+        fingerprint = args_fingerprint(spec.tool, spec.args)
+        admission, record = self.records.admit(
+            spec.call_id,
+            shared_tool_name(spec.tool),
+            fingerprint,
+            self._now,
+            initial_state=RecordState.QUEUED,
+        )
+        assert record is not None
+        if admission is Admission.CONFLICT:
+            raise conflict_error(record)
+        if admission is Admission.NEW:
+            call = CallState(spec=spec, parsed=parsed)
+            self.calls[spec.call_id] = call
+            gated = self._gated(spec)
+            state = "awaiting_approval" if gated else "running"
+            accepted = AcceptedEvent(
+                self.chat_id, spec.call_id, False, state, record.requests, req.rid
+            )
+            follower = self._follower(call, req.conn, stream=req.stream)
+            follower.owed += 1
+            self._emit(
+                Follow(req.conn, spec.call_id, req.stream, False, (accepted,), FollowMode.SUBSCRIBE)
+            )
+            self._forget_some()
+            self._start(record, gated=gated)
+            return
+        self._journal_touch(record)
+        self._follow(req.conn, record, stream=req.stream, rid=req.rid, from_offset=None)
+
+    def _on_attach(self, req: AttachRequest) -> None:
+        record = self.records.attach(req.call_id, self._now)
+        if record is None:
+            raise self._unknown_call(req.call_id)
+        self._journal_touch(record)
+        self._follow(req.conn, record, stream=True, rid=req.rid, from_offset=req.from_offset)
+
+    def _on_detach(self, req: DetachRequest) -> None:
+        record = self.records.get(req.call_id)
+        if record is None:
+            raise self._unknown_call(req.call_id)
+        call = self.calls.get(req.call_id)
+        keep = False
+        if call is not None:
+            follower = call.followers.get(req.conn)
+            if follower is not None:
+                if follower.owed:
+                    # Its events stop now, but each request already made still gets its one
+                    # `result` (PROTOCOL.md 9.9).
+                    follower.detached = keep = True
+                else:
+                    del call.followers[req.conn]
+        self._emit(Detach(req.conn, req.call_id, keep))
+
+    def _on_approve(self, req: ApproveRequest) -> None:
+        record = self.records.get(req.call_id)
+        if record is None:
+            raise self._unknown_call(req.call_id)
+        if record.state is not RecordState.AWAITING_APPROVAL:
+            raise ToolwireError(
+                "not_parked",
+                f"call {req.call_id!r} is not waiting for approval "
+                f"(it is {record.state.wire_state})",
+            )
+        if req.approved and req.scope == "chat":
+            # Journaled before any gate it opens starts its effect: every effect waits for its
+            # own later "started" row, so none runs on an approval a crash could lose.
+            tool = self.calls[req.call_id].spec.tool
+            self._approve_tool(tool)
+            self._answer(record, True, None, approver=req.conn)
+            self._open_approved(tool)
+            return
+        self._answer(record, req.approved, req.reason, approver=req.conn)
+
+    def _on_cancel(self, req: CancelRequest) -> None:
+        for call_id in req.call_ids:
+            received, record = self._cancel_one(call_id)
+            record.pin()  # its result is owed: not forgotten before the reply
+            self._reply_cancel(req.conn, record, received, req.rid)
+
+    def _on_turn(self, req: TurnRequest) -> None:
+        """A `turn` request (PROTOCOL.md 5.6): validate everything first, then admit."""
+        specs = list(req.specs)
+        fingerprint = turn_fingerprint(specs)
+        existing = self.turns.get(req.turn_id)
+        if (
+            existing is not None
+            and existing.finished
+            and any(self.records.get(call_id) is None for call_id in existing.call_ids)
+        ):
+            # One of its calls (created by an earlier call or turn) was forgotten (5.4): the
+            # finished turn goes with it, and this request is a new turn (which replaces it
+            # below, once it is found valid: a refused request changes nothing).
+            existing = None
+        if existing is not None:
+            if existing.fingerprint != fingerprint:
+                raise ToolwireError(
+                    "conflict",
+                    f"turn {req.turn_id!r} was first sent with different calls; "
+                    "a repeated turn must repeat the same calls",
+                )
+            for call_id in existing.call_ids:
+                # The repeat names each of its calls again: it counts and touches like a call.
+                record = self.records.attach(call_id, self._now)
+                if record is not None:
+                    self._journal_touch(record)
+            self._follow_turn(req.conn, existing, stream=req.stream, rid=req.rid, created=())
+            return
+        fingerprints = check_new_turn(self.records, specs)
+        segments = planner.plan_segments(
+            [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs],
+            self.config.workspace,
+        )
+        run = TurnState(req.turn_id, [s.call_id for s in specs], fingerprint, segments)
+        self.turns[req.turn_id] = run
+        created: list[str] = []
+        for spec, fp in zip(specs, fingerprints, strict=True):
+            admission, record = self.records.admit(
+                spec.call_id,
+                shared_tool_name(spec.tool),
+                fp,
+                self._now,
+                initial_state=RecordState.QUEUED,
+                turn_id=req.turn_id,
+            )
+            assert record is not None and admission is not Admission.CONFLICT
+            record.pin()  # until the turn has its turn_result
+            if admission is Admission.NEW:
+                created.append(spec.call_id)
+                call = CallState(spec=spec)
+                try:
+                    tool = lookup(spec.tool)
+                    call.parsed = parse_args(tool, spec.args)
+                    self._check_options(tool, spec)
+                except ToolwireError as exc:
+                    call.invalid = exc.message
+                self.calls[spec.call_id] = call
+        self._follow_turn(req.conn, run, stream=req.stream, rid=req.rid, created=tuple(created))
+        self._active_turns.append(run)
+        self._to_advance.append(run)
+
+    def _on_interrupt(self, req: InterruptRequest) -> None:
+        """Cancel every unresolved call (of the chat, or of one turn); report when quiet."""
+        turn_id = req.turn_id
+        if turn_id is None:
+            candidates = [r for r in self.records if r.tool is not None]
+        else:
+            # The calls the turn names, also those another turn or a plain call created.
+            run = self.turns.get(turn_id)
+            names = set(run.call_ids) if run is not None else set()
+            candidates = [r for r in self.records if r.turn_id == turn_id or r.call_id in names]
+        targets = [r for r in candidates if not r.done]
+        # Ended on their own, their results still on the way to disk: not canceled, but the
+        # chat is not quiet until they are published.
+        ending = [r for r in candidates if r.done and not r.published]
+        turns = [
+            t
+            for t in self.turns.values()
+            if not t.done and (turn_id is None or t.turn_id == turn_id)
+        ]
+        for record in targets:
+            self._cancel_one(record.call_id)
+        watched = [*targets, *ending]
+        for record in watched:
+            record.pin()
+
+        def ready() -> bool:
+            return all(r.published for r in watched) and all(t.done for t in turns)
+
+        def fire() -> None:
+            for record in watched:
+                record.unpin()
+            # The calls this interrupt ended; one that finished on its own first kept its
+            # real result and was not ended by the interrupt.
+            ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
+            event = InterruptedEvent(self.chat_id, turn_id, ended, req.rid)
+            # Behind any result still being read back for this chat: `interrupted` comes last.
+            self._deliver([], lambda _: [Send(req.conn, event)])
+
+        self._replies.append(_PendingReply(ready, fire))
+
+    # -----------------------------------------------------------------------------------------
+    # Following
+
+    def _follower(self, call: CallState, conn: Conn, *, stream: bool) -> Follower:
+        follower = call.followers.get(conn)
+        if follower is None:
+            follower = call.followers[conn] = Follower()
+        follower.detached = False  # a new request on this connection follows the call again
+        follower.stream = follower.stream or stream
+        return follower
+
+    def _follow(
+        self,
+        conn: Conn,
+        record: ToolCallRecord,
+        *,
+        stream: bool,
+        rid: Rid,
+        from_offset: int | None,
+        replay: bool = True,
+    ) -> None:
+        """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
+        turn just created: `replay` False)."""
+        call = self.calls.get(record.call_id)
+        accepted = AcceptedEvent(
+            self.chat_id,
+            record.call_id,
+            replay,
+            # Ended but not yet durable: it is answered like a running call (output, then the
+            # result once saved), so say so.
+            "running" if record.done and not record.published else record.state.wire_state,
+            record.requests,
+            rid,
+        )
+        events: tuple[Event, ...] = (accepted,)
+        if record.state is RecordState.AWAITING_APPROVAL and call is not None:
+            events = (accepted, self._approval_event(record, call))
+        if record.published or call is None:
+            # Published means durable: a result is never sent before the journal holds it.
+            # A repeated `call` of an ended call gets its result only; an `attach` replays the
+            # retained output from its offset first (PROTOCOL.md 9.9).
+            self._emit(
+                Follow(conn, record.call_id, stream, False, events, FollowMode.REPLAY, from_offset)
+            )
+            self._deliver(
+                [record.call_id],
+                lambda results: [
+                    SendReplay(
+                        conn,
+                        record.call_id,
+                        ResultEvent(self.chat_id, record.call_id, results[0]),
+                        from_offset,
+                    )
+                ],
+            )
+            return
+        follower = self._follower(call, conn, stream=stream)
+        follower.owed += 1
+        self._emit(
+            Follow(
+                conn,
+                record.call_id,
+                stream,
+                follower.resolved_events,
+                events,
+                FollowMode.LIVE,
+                from_offset or 0,
+                call.started,
+            )
+        )
+
+    def _follow_turn(
+        self, conn: Conn, run: TurnState, *, stream: bool, rid: Rid, created: tuple[str, ...]
+    ) -> None:
+        """`created`: the calls this very request admitted as new (accepted, replay false)."""
+        if not run.finished:
+            run.followers.append(conn)
+        self._emit(Send(conn, TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid)))
+        for call_id in run.call_ids:
+            record = self.records.get(call_id)
+            if record is None:
+                continue
+            if stream:
+                self._follow(
+                    conn,
+                    record,
+                    stream=True,
+                    rid=None,
+                    from_offset=None,
+                    replay=call_id not in created,
+                )
+                continue
+            call = self.calls.get(call_id)
+            if call is None:
+                continue
+            follower = self._follower(call, conn, stream=False)
+            follower.resolved_events = True
+            events: tuple[Event, ...] = ()
+            if record.state is RecordState.AWAITING_APPROVAL:
+                events = (self._approval_event(record, call),)
+            self._emit(Follow(conn, call_id, False, True, events, FollowMode.SUBSCRIBE))
+        if run.finished:
+            # After each call's result above: deliveries keep their order.
+            self._deliver(
+                list(run.call_ids),
+                lambda results: [Send(conn, TurnResultEvent(self.chat_id, run.turn_id, results))],
+            )
+
+    def _approval_event(self, record: ToolCallRecord, call: CallState) -> ApprovalEvent:
+        return ApprovalEvent(
+            self.chat_id, record.call_id, call.spec.tool, call.spec.args, record.turn_id
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Gates (PROTOCOL.md 5.0, 9.5)
+
+    def _gated(self, spec: CallSpec) -> bool:
+        if spec.tool in self.approved_tools:
+            return False  # approved for the whole chat (9.5): no gate, no `approval` event
+        return spec.approval or spec.tool in self.config.approve_tools
+
+    def _resolve_gate(self, record: ToolCallRecord, decision: str) -> None:
+        call = self.calls.get(record.call_id)
+        if call is None or not call.gate_open:
+            return
+        call.gate_open = False
+        if self.config.approval_timeout_s is not None:
+            self._emit(CancelTimer((record.call_id, "gate")))
+        self._emit(
+            Publish(record.call_id, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
+        )
+
+    def _answer(
+        self, record: ToolCallRecord, approved: bool, reason: str | None, *, approver: Conn | None
+    ) -> None:
+        """Answer a parked gate: run the call, or end it `denied` (with the reason's text)."""
+        self.records.touch(record, self._now)
+        decision = "approved" if approved else "denied"
+        self._resolve_gate(record, decision)
+        if approver is not None:
+            call = self.calls[record.call_id]
+            follower = call.followers.get(approver)
+            if (
+                follower is None
+                or follower.detached
+                or not (follower.stream or follower.resolved_events)
+            ):
+                # The approver learns that its answer took effect even when it does not follow
+                # the call (another replica raised the gate): the one reply an `approve` gets.
+                self._emit(
+                    Send(approver, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
+                )
+        if approved:
+            self.records.unpark(record)
+            self._start(record, gated=False)
+        else:
+            self._finish(record, self._plain_result(record, Outcome.DENIED, text_denied(reason)))
+
+    def _approve_tool(self, tool: str) -> None:
+        if tool in self.approved_tools:
+            return
+        self.approved_tools += (tool,)
+        if self.config.journal_enabled:
+            self._emit(JournalApproveTool(tool))
+
+    def _open_approved(self, tool: str) -> None:
+        """Approve every gate of `tool` parked in the chat (scope "chat"), in arrival order."""
+        parked = [
+            record
+            for record in self.records
+            if record.state is RecordState.AWAITING_APPROVAL
+            and self.calls[record.call_id].spec.tool == tool
+        ]
+        for record in parked:
+            self._answer(record, True, None, approver=None)
+
+    def _on_gate_expired(self, event: GateExpired) -> None:
+        record = self.records.get(event.call_id)
+        call = self.calls.get(event.call_id)
+        if record is None or call is None or record.state is not RecordState.AWAITING_APPROVAL:
+            return
+        if not call.gate_open:
+            return
+        self._resolve_gate(record, "expired")
+        self._finish(record, self._plain_result(record, Outcome.NOT_RUN, TEXT_APPROVAL_EXPIRED))
+
+    # -----------------------------------------------------------------------------------------
+    # Starting
+
+    def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
+        """A queued record's turn has come: park it at its gate or launch it."""
+        if record.state is not RecordState.QUEUED:
+            return
+        call = self.calls[record.call_id]
+        if gated:
+            self.records.park(record)
+            self._journal_write(record)
+            call.gate_open = True
+            self._emit(Publish(record.call_id, self._approval_event(record, call)))
+            if self.config.approval_timeout_s is not None:
+                self._emit(
+                    StartTimer(
+                        (record.call_id, "gate"),
+                        self._now + self.config.approval_timeout_s,
+                        GateExpired(record.call_id),
+                    )
+                )
+            return
+        if record.turn_id is not None:
+            run = self.turns.get(record.turn_id)
+            if run is not None and not run.finished and record.call_id in run.call_ids:
+                if run.running >= planner.MAX_PARALLEL_CALLS:
+                    run.waiting.append(record.call_id)  # launched when a slot frees
+                    return
+                run.running += 1
+                call.turn = run
+        self._launch(record, call)
+
+    def _launch(self, record: ToolCallRecord, call: CallState) -> None:
+        if call.invalid is not None or call.parsed is None:
+            self.records.begin(record)
+            record.started_at_ms = self._wall_ms
+            why = call.invalid or "the call's arguments could not be read"
+            self._finish(record, self._plain_result(record, Outcome.FAILED, why))
+            return
+        tool = TOOLS[call.spec.tool]
+        if tool.kind is ToolKind.EXECUTE:
+            self._launching[record.call_id] = None
+        self.records.begin(record)
+        record.started_at_ms = self._wall_ms
+        call.start_pending = True
+        if call.spec.timeout_ms:
+            # The deadline is fixed at the FIRST start; no retry ever moves it (5.2).
+            record.deadline = self._now + call.spec.timeout_ms / 1000
+        if isinstance(call.parsed, ExecuteArgs) and call.parsed.kill_after_ms:
+            call.kill_at = self._now + call.parsed.kill_after_ms / 1000
+        if tool.read_only or not self.config.journal_enabled:
+            # A read-only tool has no effect to protect: no start row (a crash before its
+            # result is durable leaves no trace, and a repeat runs it anew).
+            self._on_start_durable(StartDurable(record.call_id))
+            return
+        # The effect waits until the journal holds "started", so a crash can never forget a
+        # call that ran (it comes back `unknown`, never runs twice).
+        self._emit(JournalWrite(self._row(record, call), StartDurable(record.call_id)))
+
+    def _on_start_durable(self, event: StartDurable) -> None:
+        record = self.records.get(event.call_id)
+        call = self.calls.get(event.call_id)
+        if record is None or call is None or record.state is not RecordState.RUNNING:
+            return
+        if not call.start_pending:
+            return
+        if record.cancel_requested:
+            # A cancel came while the start was on its way to disk: nothing happened.
+            self._launching.pop(record.call_id, None)
+            self._finish(
+                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            )
+            return
+        call.start_pending = False  # the effect may happen from here on
+        tool = TOOLS[call.spec.tool]
+        assert call.parsed is not None
+        if tool.kind is ToolKind.EXECUTE:
+            self._launching.pop(record.call_id, None)
+            if self.running_process_count >= self.config.max_processes_per_chat:
+                limit = self.config.max_processes_per_chat
+                self._finish(
+                    record,
+                    self._plain_result(
+                        record,
+                        Outcome.FAILED,
+                        f"the command did not start: this chat already runs {limit} processes "
+                        "(max_processes_per_chat); wait for one to exit or stop one",
+                    ),
+                )
+                return
+            self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
+            return
+        call.stoppable = isinstance(call.parsed, ProcessOutputArgs | ProcessInputArgs)
+        on_loop = tool.kind is ToolKind.INLINE or (
+            tool.kind is ToolKind.PROCESS and not call.stoppable
+        )
+        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop))
+
+    def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
+        if spec.background and spec.timeout_ms:
+            raise ToolwireError(
+                "bad_args", "background and a non-zero timeout_ms cannot be combined"
+            )
+        if spec.background and tool.kind is not ToolKind.EXECUTE:
+            raise ToolwireError("bad_args", f"background applies to execute only, not {tool.name}")
+        if (
+            tool.kind is ToolKind.EXECUTE
+            and self.running_process_count >= self.config.max_processes_per_chat
+        ):
+            raise ToolwireError(
+                "over_limit",
+                f"chat {self.chat_id!r} already runs "
+                f"{self.config.max_processes_per_chat} processes (max_processes_per_chat)",
+            )
+
+    # -----------------------------------------------------------------------------------------
+    # Running: tools and processes
+
+    def _on_tool_ended(self, event: ToolEnded) -> None:
+        record = self.records.get(event.call_id)
+        if record is None or record.state is not RecordState.RUNNING:
+            return
+        self._finish(record, call_results.report_result(record, event.report, self._wall_ms))
+
+    def _on_tool_stopped(self, event: ToolStopped) -> None:
+        record = self.records.get(event.call_id)
+        if record is None or record.state is not RecordState.RUNNING:
+            return
+        self._finish(
+            record, self._plain_result(record, Outcome.CANCELED, TEXT_CANCELED_WHILE_RUNNING)
+        )
+
+    def _on_tool_failed(self, event: ToolFailed) -> None:
+        """An exception inside the agent while running or carrying out this call: end the
+        call truthfully, so no request, repeat, attach, cancel or interrupt waits on it forever
+        (PROTOCOL.md 9.9, 9.10)."""
+        self._launching.pop(event.call_id, None)
+        record = self.records.get(event.call_id)
+        if record is None or record.done:
+            return
+        self._resolve_gate(record, "canceled")  # a gate already announced is closed
+        self._finish(record, self._failure_result(record))
+
+    def _failure_result(self, record: ToolCallRecord) -> Result:
+        call = self.calls.get(record.call_id)
+        start_pending = call is not None and call.start_pending
+        if record.effect_started and not start_pending:
+            return self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
+        return self._plain_result(record, Outcome.NOT_RUN, TEXT_AGENT_FAILURE_BEFORE_RUN)
+
+    def _on_spawned(self, event: Spawned) -> None:
+        record = self.records.get(event.call_id)
+        call = self.calls.get(event.call_id)
+        assert record is not None and call is not None
+        self._running_processes[event.call_id] = None
+        group = GroupState(started_at_ms=record.started_at_ms or 0)
+        self.groups[event.call_id] = group
+        if call.kill_at is not None and isinstance(call.parsed, ExecuteArgs):
+            group.kill_after_ms = call.parsed.kill_after_ms
+            self._emit(
+                StartTimer((record.call_id, "kill_after"), call.kill_at, KillAfter(record.call_id))
+            )
+        call.started = StartedEvent(
+            self.chat_id, record.call_id, record.started_at_ms or 0, event.pid
+        )
+        self._emit(Publish(record.call_id, call.started))
+        if call.spec.background:
+            self._finish(record, self._execute_result(record, event.snapshot, Outcome.COMPLETED))
+            return
+        if record.deadline is not None:
+            self._emit(
+                StartTimer(
+                    (record.call_id, "deadline"), record.deadline, Deadline(record.call_id, None)
+                )
+            )
+
+    def _on_spawn_failed(self, event: SpawnFailed) -> None:
+        record = self.records.get(event.call_id)
+        if record is None or record.done:
+            return
+        self._finish(
+            record,
+            self._plain_result(
+                record, Outcome.FAILED, f"the command did not start: {event.reason}"
+            ),
+        )
+
+    def _on_process_exited(self, event: ProcessExited) -> None:
+        self._running_processes.pop(event.call_id, None)
+        group = self.groups.get(event.call_id)
+        if group is not None:
+            group.leader_exited = True
+            self._maybe_drop_group(event.call_id, group)
+        record = self.records.get(event.call_id)
+        if record is None or record.state is not RecordState.RUNNING:
+            return  # it ended before (a timeout, a background start): only the process is over
+        if group is not None and group.stopping is not None:
+            # The shell is gone, but the cancel's grace belongs to the whole group (5.3): the
+            # result, and with it the cancel's reply, waits until every member has exited or
+            # been killed, and carries what they printed meanwhile.
+            return
+        self._emit(CancelTimer((record.call_id, "deadline")))
+        outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
+        self._finish(record, self._execute_result(record, event.snapshot, outcome))
+
+    def _on_output_closed(self, event: OutputClosed) -> None:
+        group = self.groups.get(event.call_id)
+        if group is not None:
+            group.output_closed = True
+            self._maybe_drop_group(event.call_id, group)
+
+    def _maybe_drop_group(self, call_id: str, group: GroupState) -> None:
+        if (
+            group.leader_exited
+            and group.output_closed
+            and group.stopping is None
+            and group.kill_after_ms is None
+        ):
+            del self.groups[call_id]
+
+    def _on_kill_after(self, event: KillAfter) -> None:
+        """The hard deadline passed (9.2): the group is stopped as by a cancel; a call whose
+        result is still owed ends `timed_out` once it is gone, one that returned keeps its
+        result (its process shows `timed_out`)."""
+        group = self.groups.get(event.call_id)
+        if group is None or group.kill_after_ms is None:
+            return
+        if group.stopping is not None:
+            group.kill_after_ms = None  # a cancel is stopping it already
+            return
+        group.killed_after = True
+        group.stopping = "term"
+        self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, "kill_after"))
+
+    def _on_deadline(self, event: Deadline) -> None:
+        record = self.records.get(event.call_id)
+        group = self.groups.get(event.call_id)
+        if record is None or record.state is not RecordState.RUNNING or event.snapshot is None:
+            return
+        if event.snapshot.exited or (group is not None and group.stopping is not None):
+            return  # it ended first (its exit is on the way), or a cancel is stopping it
+        # The process runs on; its exit is recorded whenever it comes.
+        self._emit(MarkTimedOut(record.call_id))
+        result = self._execute_result(record, event.snapshot, Outcome.TIMED_OUT, timed_out=True)
+        self._finish(record, result)
+
+    # -----------------------------------------------------------------------------------------
+    # Cancel (PROTOCOL.md 5.3)
+
+    def _cancel_one(self, call_id: str) -> tuple[bool, ToolCallRecord]:
+        """Apply one cancel now. Returns (received, record); the record is DONE at once, or
+        becomes DONE when the stopped run ends."""
+        action, record = self.records.cancel(call_id, self._now)
+        group = self.groups.get(call_id)
+        leftover = group is not None and not (group.leader_exited and group.output_closed)
+        if action is CancelAction.TOMBSTONED:
+            self.calls[call_id] = CallState(spec=CallSpec(call_id, "", {}))
+            if group is not None and leftover:
+                # A process outlives its (forgotten) record: the cancel still stops it, also
+                # when only a background child of its exited shell is left (it holds the pipe).
+                self.records.begin(record)
+                record.started_at_ms = group.started_at_ms
+                self._stop_group(call_id, unless_exited=False)
+            else:
+                self._finish(
+                    record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+                )
+            return False, record
+        if action is CancelAction.CLOSED_BEFORE_RUN:
+            self._resolve_gate(record, "canceled")
+            self._finish(
+                record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
+            )
+        elif action is CancelAction.STOP_RUNNING:
+            call = self.calls.get(call_id)
+            if group is not None:
+                self._stop_group(call_id, unless_exited=True)
+            elif call is not None and call.stoppable:
+                self._emit(StopRun(call_id))
+            # A file tool in a worker thread cannot be interrupted: the cancel waits for it
+            # and reports its real result, which is the truth. A start still on its way to
+            # disk ends `not_run` when it gets there.
+        elif leftover:
+            # Ended (a timeout, a background start) with its process still there: a cancel
+            # kills it "like a running one" (5.3).
+            self._stop_group(call_id, unless_exited=False)
+        return True, record
+
+    def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
+        group = self.groups[call_id]
+        if group.stopping is not None:
+            return
+        group.stopping = "term"
+        group.canceled = True
+        self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited))
+
+    def _on_already_exited(self, event: AlreadyExited) -> None:
+        """The command had already exited: the call finished first, so its real result stands
+        (only a run that was still going is "canceled")."""
+        group = self.groups.get(event.call_id)
+        if group is not None:
+            if group.killed_after:
+                # Its hard deadline found no member alive: nothing was stopped (9.2).
+                group.killed_after = False
+                group.kill_after_ms = None
+                group.stopping = None
+                self._maybe_drop_group(event.call_id, group)
+                return
+            group.stopping = None
+            group.canceled = False
+        record = self.records.get(event.call_id)
+        if record is not None and not record.done:
+            record.cancel_requested = False
+
+    def _on_group_empty(self, event: GroupEmpty | GraceOver) -> None:
+        """The grace is over (or nothing is left to give it to): SIGKILL whatever is left, so
+        a member that ignores SIGTERM can never outlive a canceled call."""
+        group = self.groups.get(event.call_id)
+        if group is None or group.stopping != "term":
+            return
+        group.stopping = "kill"
+        self._emit(KillGroup(event.call_id))
+
+    def _on_group_stopped(self, event: GroupStopped) -> None:
+        group = self.groups.get(event.call_id)
+        if group is None:
+            return
+        group.stopping = None
+        group.leader_exited = group.output_closed = True
+        del self.groups[event.call_id]
+        self._running_processes.pop(event.call_id, None)
+        if group.kill_after_ms is not None and not group.killed_after:
+            self._emit(CancelTimer((event.call_id, "kill_after")))
+        record = self.records.get(event.call_id)
+        if record is not None and record.state is RecordState.RUNNING:
+            self._emit(CancelTimer((record.call_id, "deadline")))
+            if group.killed_after and group.kill_after_ms is not None:
+                self._finish(
+                    record,
+                    self._execute_result(
+                        record,
+                        event.snapshot,
+                        Outcome.TIMED_OUT,
+                        timed_out=True,
+                        text=text_killed_after(group.kill_after_ms),
+                    ),
+                )
+                return
+            outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
+            self._finish(record, self._execute_result(record, event.snapshot, outcome))
+
+    def _reply_cancel(self, conn: Conn, record: ToolCallRecord, received: bool, rid: Rid) -> None:
+        call_id = record.call_id
+
+        def ready() -> bool:
+            if not record.published:
+                return False
+            # A process the ended call left running is killed "like a running one" (5.3): the
+            # reply waits until its whole group is gone, so a client never sees any of it alive
+            # after the cancel_result.
+            group = self.groups.get(call_id)
+            return not (received and group is not None and group.stopping is not None)
+
+        def fire() -> None:
+            self._deliver(
+                [call_id],
+                lambda results: [
+                    Send(conn, CancelResultEvent(self.chat_id, call_id, received, results[0], rid))
+                ],
+            )
+            record.unpin()
+
+        self._replies.append(_PendingReply(ready, fire))
+
+    # -----------------------------------------------------------------------------------------
+    # Turns (PROTOCOL.md 5.6)
+
+    def _next_segment(self, run: TurnState) -> None:
+        """Start the turn's next segment (its calls at once, at most 8 running), or end the
+        turn once every segment's calls have their published results. Not re-entered: a call
+        that ends while its segment is being started is seen by the loop below."""
+        if run.advancing or run.finished:
+            return
+        run.advancing = True
+        try:
+            while True:
+                if run.segment >= 0 and not all(
+                    self._published(call_id) for call_id in run.segments[run.segment]
+                ):
+                    return
+                run.segment += 1
+                if run.segment >= len(run.segments):
+                    self._end_turn(run)
+                    return
+                for call_id in run.segments[run.segment]:
+                    record = self.records.get(call_id)
+                    assert record is not None, f"turn {run.turn_id} lost its call {call_id}"
+                    if record.state is RecordState.QUEUED:
+                        self._start(record, gated=self._gated(self.calls[call_id].spec))
+        finally:
+            run.advancing = False
+
+    def _published(self, call_id: str) -> bool:
+        record = self.records.get(call_id)
+        return record is not None and record.published
+
+    def _end_turn(self, run: TurnState) -> None:
+        # Every segment ran to its end, so every call has its one published result. From here
+        # a repeated turn is answered from the records (`_follow_turn`).
+        run.finished = True
+        self._active_turns.remove(run)
+        followers, run.followers = run.followers, []
+
+        def send(results: list[Result]) -> list[Effect]:
+            run.done = True
+            return [
+                Send(conn, TurnResultEvent(self.chat_id, run.turn_id, results))
+                for conn in followers
+            ]
+
+        self._deliver(list(run.call_ids), send)  # pins them until sent
+        for call_id in run.call_ids:
+            record = self.records.get(call_id)
+            if record is not None:
+                record.unpin()  # the turn's own pins end here
+
+    def _turn_slot_freed(self, record: ToolCallRecord, call: CallState) -> None:
+        """A turn call ended: its slot goes to the next call waiting for one. A call that
+        ended while it waited (canceled) leaves the queue."""
+        run = call.turn
+        if run is None:
+            if record.turn_id is not None:
+                waiting_in = self.turns.get(record.turn_id)
+                if waiting_in is not None and record.call_id in waiting_in.waiting:
+                    waiting_in.waiting.remove(record.call_id)
+            return
+        call.turn = None
+        run.running -= 1
+        while run.waiting and run.running < planner.MAX_PARALLEL_CALLS:
+            call_id = run.waiting.popleft()
+            next_record = self.records.get(call_id)
+            next_call = self.calls.get(call_id)
+            if next_record is None or next_call is None:
+                continue
+            run.running += 1
+            next_call.turn = run
+            self._launch(next_record, next_call)
+
+    # -----------------------------------------------------------------------------------------
+    # Results
+
+    def _finish(self, record: ToolCallRecord, result: Result) -> None:
+        """Save the one result and publish it once durable. The first finish wins."""
+        if not self.records.finish(record, result):
+            return
+        self._launching.pop(record.call_id, None)
+        call = self.calls.get(record.call_id)
+        if call is not None:
+            self._turn_slot_freed(record, call)
+        # The age of a record counts from its end too: a call that ran longer than
+        # forget_after_s must not be forgotten (and run again on a retry) the moment it ends.
+        self.records.touch(record, self._now)
+        if not self.config.journal_enabled:
+            self._publish(record)
+            return
+        self._emit(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
+
+    def _on_result_durable(self, event: ResultDurable) -> None:
+        record = self.records.get(event.call_id)
+        if record is not None and record.done and not record.published:
+            self._publish(record)
+
+    def _on_journal_failed(self, event: JournalFailed) -> None:
+        """The journal refused a row of this call. Before its effect: the call ends as an
+        agent failure (not_run). A result's row: it is amended to the agent failure and saved
+        if the journal takes that row; if not, answered from memory (PROTOCOL.md 9.9)."""
+        record = self.records.get(event.call_id)
+        if record is None or record.published:
+            return
+        call = self.calls.get(event.call_id)
+        if not record.done:
+            self._on_tool_failed(ToolFailed(event.call_id))
+            return
+        if call is None or call.amended:
+            # The failure's own row was refused too: answered from memory (a restart then
+            # finds the row before it, or none: nothing ran, or `unknown`).
+            if call is not None:
+                call.unsaved = True
+            self._publish(record)
+            return
+        call.amended = True
+        self.records.amend(record, self._failure_result(record))
+        self._emit(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
+
+    def _publish(self, record: ToolCallRecord) -> None:
+        """The saved result is durable: answer every request waiting for it."""
+        result = record.result
+        assert result is not None
+        self.records.publish(record)
+        call = self.calls.pop(record.call_id, None)
+        event = ResultEvent(self.chat_id, record.call_id, result)
+        if call is not None:
+            for conn, follower in call.followers.items():
+                for _ in range(follower.owed):
+                    self._emit(SendResult(conn, record.call_id, event))
+                follower.owed = 0
+        self._emit(CallEnded(record.call_id, result))
+        if self.config.journal_keeps_results and not (call is not None and call.unsaved):
+            # Durable now, so the journal holds it: off the heap, but kept among the recent
+            # results for the retry that often follows.
+            self.results.put((self.chat_id, record.call_id), self.records.release_result(record))
+        for run in self._active_turns:
+            # After this input: a request that ends several calls (an interrupt) ends them all
+            # before the turn's next segment could start any of them.
+            if run not in self._to_advance and record.call_id in run.current_calls():
+                self._to_advance.append(run)
+
+    def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:
+        """Send the saved results of published calls: at once when they are on the heap and
+        no earlier delivery of this chat is still waiting, else once read back from the
+        journal. Deliveries keep their order, so a turn_result never overtakes a call's result,
+        nor `interrupted` a turn_result. The records stay pinned until sent."""
+        if not self._lane:
+            results: list[Result] = []
+            for call_id in call_ids:
+                found = self._saved_result(call_id)
+                if found is None:
+                    break
+                results.append(found)
+            else:
+                self._out.extend(send(results))
+                return
+        for call_id in call_ids:
+            record = self.records.get(call_id)
+            assert record is not None, f"a delivery lost its record {call_id}"
+            record.pin()
+        self._lane.append(_Delivery(call_ids, send))
+        if not self._reading:
+            self._read_back()
+
+    def _saved_result(self, call_id: str) -> Result | None:
+        record = self.records.get(call_id)
+        assert record is not None and record.published
+        if record.result is not None:
+            return record.result
+        return self.results.get((self.chat_id, call_id))
+
+    def _read_back(self) -> None:
+        """One journal read for every delivery waiting (a turn, a burst of retries). What is
+        on the heap now is taken now: a saved result never changes, so either is the same."""
+        wanted: list[str] = []
+        for delivery in self._lane:
+            for call_id in delivery.call_ids:
+                if call_id in self._lane_held:
+                    continue
+                found = self._saved_result(call_id)
+                if found is None:
+                    wanted.append(call_id)
+                else:
+                    self._lane_held[call_id] = found
+        if wanted:
+            self._reading = True
+            self._emit(ReadBack(tuple(dict.fromkeys(wanted))))
+        else:
+            self._drain_lane()
+
+    def _on_results_read(self, event: ResultsRead) -> None:
+        self._reading = False
+        for call_id, result in event.results.items():
+            self.results.put((self.chat_id, call_id), result)
+            self._lane_held[call_id] = result
+        self._drain_lane()
+
+    def _drain_lane(self) -> None:
+        held = self._lane_held
+        while self._lane:
+            delivery = self._lane[0]
+            if any(call_id not in held for call_id in delivery.call_ids):
+                self._read_back()
+                return
+            del self._lane[0]
+            for call_id in delivery.call_ids:
+                record = self.records.get(call_id)
+                if record is not None:
+                    record.unpin()
+            self._out.extend(delivery.send([held[call_id] for call_id in delivery.call_ids]))
+        held.clear()
+
+    def _settle(self) -> None:
+        """Send every pending reply whose wait is over (in the order they were asked)."""
+        while True:
+            ready = [reply for reply in self._replies if reply.ready()]
+            if not ready:
+                return
+            for reply in ready:
+                self._replies.remove(reply)
+                reply.fire()
+
+    # -----------------------------------------------------------------------------------------
+    # Results: building
+
+    def _plain_result(self, record: ToolCallRecord, outcome: Outcome, text: str) -> Result:
+        call = self.calls.get(record.call_id)
+        tool = call.spec.tool if call is not None else (record.tool or "")
+        return call_results.plain_result(record, tool, outcome, text, self._wall_ms)
+
+    def _execute_result(
+        self,
+        record: ToolCallRecord,
+        snapshot: ProcessSnapshot,
+        outcome: Outcome,
+        *,
+        timed_out: bool = False,
+        text: str | None = None,
+    ) -> Result:
+        call = self.calls.get(record.call_id)
+        group = self.groups.get(record.call_id)
+        return call_results.execute_result(
+            record,
+            outcome=outcome,
+            snapshot=snapshot,
+            timeout_ms=call.spec.timeout_ms if call is not None else None,
+            timed_out=timed_out,
+            canceled=outcome is Outcome.CANCELED or (group is not None and group.canceled),
+            finished_ms=self._wall_ms,
+            text=text,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Forgetting (PROTOCOL.md 5.4)
+
+    def _forget_some(self) -> None:
+        """Forgetting is checked on insert too (like the anchor's agent), in O(forgotten)."""
+        for record in self.records.forget_expired(self._now, self.config.forget_after_s):
+            if self.config.journal_enabled:
+                self._emit(JournalDelete(record.call_id))
+            # A new call with this id is a new record: never answered with this result.
+            self.results.discard((self.chat_id, record.call_id))
+            self.calls.pop(record.call_id, None)
+            self._emit(Forgotten(record.call_id))
+            if self.turns:
+                # A finished turn goes with any of its calls (also one another request made):
+                # its repeat is a new turn, never answered with a new record's result.
+                for turn_id, run in list(self.turns.items()):
+                    if run.done and record.call_id in run.call_ids:
+                        del self.turns[turn_id]
+        if self.approved_tools and not self.records:
+            # "For as long as the chat has records" (9.5): the approval goes with the last one.
+            self.approved_tools = ()
+            if self.config.journal_enabled:
+                self._emit(JournalForgetApprovals())
+
+    def _on_sweep(self, event: Sweep) -> None:
+        self._forget_some()
+
+    # -----------------------------------------------------------------------------------------
+    # The journal
+
+    def _row(self, record: ToolCallRecord, call: CallState | None) -> JournalRow:
+        """The row that remembers `record` as it is now (with the call as it was requested)."""
+        spec = call.spec if call is not None else CallSpec(record.call_id, record.tool or "", None)
+        return JournalRow(
+            chat_id=self.chat_id,
+            call_id=record.call_id,
+            state=record.state.value,
+            tool=record.tool,
+            fingerprint=record.fingerprint,
+            args=spec.args,
+            timeout_ms=spec.timeout_ms,
+            background=spec.background,
+            approval=spec.approval,
+            turn_id=record.turn_id,
+            result=record.result,
+            started_at_ms=record.started_at_ms,
+            touched_at_ms=self._wall_ms,
+        )
+
+    def _journal_write(self, record: ToolCallRecord) -> None:
+        if self.config.journal_enabled and record.state is not RecordState.QUEUED:
+            self._emit(JournalWrite(self._row(record, self.calls.get(record.call_id))))
+
+    def _journal_touch(self, record: ToolCallRecord) -> None:
+        if self.config.journal_enabled and record.state is not RecordState.QUEUED:
+            self._emit(JournalTouch(record.call_id, self._wall_ms))
+
+    def _on_restored(self, event: Restored) -> None:
+        """Rebuild one record after a restart (PROTOCOL.md promise 1): a saved result is
+        served again as it was; a call that was running when the agent died ends `unknown`
+        and never runs again; a parked gate is parked again."""
+        row = event.row
+        spec = CallSpec(
+            row.call_id, row.tool or "", row.args, row.timeout_ms, row.background, row.approval
+        )
+        record = ToolCallRecord(
+            call_id=row.call_id,
+            tool=None if row.tool is None else shared_tool_name(row.tool),
+            fingerprint=row.fingerprint,
+            state=RecordState(row.state),
+            touched_at=event.touched_at,
+            effect_started=row.started_at_ms is not None or row.state == "running",
+            started_at_ms=row.started_at_ms,
+            result=row.result,
+            outcome=row.result.outcome if row.result is not None else None,
+            turn_id=row.turn_id,
+        )
+        self.records.restore(record)
+        if record.state is RecordState.DONE:
+            if record.result is None:
+                raise ValueError(
+                    f"journal row {row.chat_id!r}/{row.call_id!r} is done without a result"
+                )
+            # Durable and published as it was before the restart.
+            self.records.publish(record)
+            if self.config.journal_keeps_results:
+                self.records.release_result(record)
+            return
+        call = CallState(spec=spec)
+        self.calls[row.call_id] = call
+        if record.state is RecordState.RUNNING:
+            self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_RESTARTED))
+        elif record.state is RecordState.AWAITING_APPROVAL:
+            try:
+                call.parsed = parse_args(lookup(spec.tool), spec.args)
+            except ToolwireError as exc:
+                call.invalid = exc.message
+            call.gate_open = True
+            if self.config.approval_timeout_s is not None:
+                self._emit(
+                    StartTimer(
+                        (record.call_id, "gate"),
+                        self._now + self.config.approval_timeout_s,
+                        GateExpired(record.call_id),
+                    )
+                )
+
+    def _on_approval_restored(self, event: ApprovalRestored) -> None:
+        """A tool approved with scope "chat" before a restart: approved again, and a gate of it
+        that was parked when the agent died (its opening not yet durable) opens."""
+        if event.tool not in self.approved_tools:
+            self.approved_tools += (event.tool,)
+        self._open_approved(event.tool)
+
+    # -----------------------------------------------------------------------------------------
+
+    def _unknown_call(self, call_id: str) -> ToolwireError:
+        return ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
+
+    # Each input's handler, by the input's type; a subclass (the simulation's planted bugs)
+    # overrides a handler by its name and gets its own table.
+    _handlers: dict[type, Callable[[ChatState, Any], None]]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        cls._handlers = _handler_table(cls)
+
+
+_HANDLER_NAMES: dict[type, str] = {
+    CallRequest: "_on_call",
+    AttachRequest: "_on_attach",
+    DetachRequest: "_on_detach",
+    ApproveRequest: "_on_approve",
+    CancelRequest: "_on_cancel",
+    TurnRequest: "_on_turn",
+    InterruptRequest: "_on_interrupt",
+    StartDurable: "_on_start_durable",
+    ResultDurable: "_on_result_durable",
+    JournalFailed: "_on_journal_failed",
+    ToolEnded: "_on_tool_ended",
+    ToolStopped: "_on_tool_stopped",
+    ToolFailed: "_on_tool_failed",
+    Spawned: "_on_spawned",
+    SpawnFailed: "_on_spawn_failed",
+    ProcessExited: "_on_process_exited",
+    OutputClosed: "_on_output_closed",
+    AlreadyExited: "_on_already_exited",
+    GroupEmpty: "_on_group_empty",
+    GraceOver: "_on_group_empty",
+    GroupStopped: "_on_group_stopped",
+    Deadline: "_on_deadline",
+    GateExpired: "_on_gate_expired",
+    KillAfter: "_on_kill_after",
+    ResultsRead: "_on_results_read",
+    Restored: "_on_restored",
+    ApprovalRestored: "_on_approval_restored",
+    Sweep: "_on_sweep",
+}
+
+
+def _handler_table(cls: type[ChatState]) -> dict[type, Callable[[ChatState, Any], None]]:
+    table: dict[type, Callable[[ChatState, Any], None]] = {
+        kind: getattr(cls, name) for kind, name in _HANDLER_NAMES.items()
+    }
+    return table
+
+
+ChatState._handlers = _handler_table(ChatState)
+
+
+# ---------------------------------------------------------------------------------------------
+# Turns: pure helpers
+
+
+def turn_fingerprint(specs: list[CallSpec]) -> bytes:
+    """What a repeated turn must match: every call with its id, tool, args and options."""
+    return args_fingerprint(
+        "turn",
+        [[s.call_id, s.tool, s.args, s.timeout_ms, s.background, s.approval] for s in specs],
+    )
+
+
+def check_new_turn(records: RecordTable, specs: list[CallSpec]) -> list[bytes]:
+    """Refuse a new turn before anything is admitted: no calls, a call id twice, or a call id
+    already used with another tool or other args. Returns each call's args fingerprint."""
+    if not specs:
+        raise ToolwireError("bad_args", "turn: calls must not be empty")
+    seen: set[str] = set()
+    fingerprints = [args_fingerprint(spec.tool, spec.args) for spec in specs]
+    for spec, fp in zip(specs, fingerprints, strict=True):
+        if spec.call_id in seen:
+            raise ToolwireError(
+                "bad_args", f"turn: call_id {spec.call_id!r} appears twice in one turn"
+            )
+        seen.add(spec.call_id)
+        record = records.get(spec.call_id)
+        if (
+            record is not None
+            and record.tool is not None
+            and (record.tool != spec.tool or record.fingerprint != fp)
+        ):
+            raise conflict_error(record)
+    return fingerprints
+
+
+__all__ = [
+    "CallState",
+    "ChatConfig",
+    "ChatState",
+    "Follower",
+    "GroupState",
+    "TurnState",
+]

@@ -1,0 +1,290 @@
+"""The effects of one chat that take time, carried out for the shell: tools (on the loop, on a
+worker thread, or a wait a cancel can end), commands (spawn, pump, reap, the stop of a group)
+and timers. Each runs as a task of the chat's nursery and reports what happened through `feed`,
+as an input for `ChatState`; none decides anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from toolwire.actors import observe, processes, runners, stdin
+from toolwire.actors.context import AgentContext
+from toolwire.actors.effects import (
+    AlreadyExited,
+    CancelTimer,
+    Deadline,
+    GraceOver,
+    GroupEmpty,
+    GroupStopped,
+    Input,
+    KillGroup,
+    MarkTimedOut,
+    OutputClosed,
+    ProcessExited,
+    ProcessSnapshot,
+    RunTool,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    StartTimer,
+    StopGroup,
+    StopRun,
+    ToolEnded,
+    ToolFailed,
+    ToolStopped,
+)
+from toolwire.actors.followers import Followers
+from toolwire.actors.tools import execute as execute_tool
+from toolwire.actors.tools import process_tools
+
+log = logging.getLogger("toolwire.chat")
+
+
+class ChatWork:
+    """Tools, commands and timers of one chat (see the module docstring)."""
+
+    __slots__ = (
+        "_feed",
+        "_followers",
+        "_spawn",
+        "_stoppable",
+        "_timers",
+        "chat_id",
+        "ctx",
+        "processes",
+    )
+
+    def __init__(
+        self,
+        chat_id: str,
+        ctx: AgentContext,
+        table: processes.ProcessTable,
+        followers: Followers,
+        feed: Callable[[Input], None],
+        spawn: Callable[..., None],
+    ) -> None:
+        self.chat_id = chat_id
+        self.ctx = ctx
+        self.processes = table
+        self._followers = followers
+        self._feed = feed
+        self._spawn: Callable[..., None] = spawn
+        self._timers: dict[tuple[str, str], trio.CancelScope] = {}
+        self._stoppable: dict[str, trio.CancelScope] = {}
+
+    def run_tool(self, effect: RunTool) -> None:
+        if effect.on_loop:
+            # Short operations run right here: no task, no context switch (the path of the
+            # "trivial call" benchmark).
+            try:
+                report = runners.run_tool(effect.args, self.ctx.workspace, self.processes)
+            except Exception:
+                log.exception(
+                    "tool %s failed",
+                    effect.tool,
+                    extra={"chat_id": self.chat_id, "call_id": effect.call_id},
+                )
+                self._feed(ToolFailed(effect.call_id))
+                return
+            self._feed(ToolEnded(effect.call_id, report))
+            return
+        scope = trio.CancelScope()
+        args = effect.args
+        if isinstance(args, process_tools.ProcessInputArgs):
+            # Joins its process's queue now, synchronously: inputs write in the order their
+            # calls started (their start rows' order), never in the order tasks get to run.
+            ticket = stdin.join_input(self.processes, args.process_id)
+            self._stoppable[effect.call_id] = scope
+            self._spawn(self._input_task, effect.call_id, args, ticket, scope)
+            return
+        if isinstance(args, process_tools.ProcessOutputArgs):
+            self._stoppable[effect.call_id] = scope
+        self._spawn(self._run_tool_task, effect, scope)
+
+    async def _input_task(
+        self,
+        call_id: str,
+        args: process_tools.ProcessInputArgs,
+        ticket: stdin.InputTicket,
+        scope: trio.CancelScope,
+    ) -> None:
+        """A `process_input` (PROTOCOL.md 9.1): a cancel ends it `canceled`, with `written`
+        telling what went in; its place in the queue is freed whatever happens."""
+        try:
+            report = await process_tools.process_input(
+                ticket, args, self.ctx.limits.max_wait_ms, scope
+            )
+        except Exception:
+            log.exception(
+                "tool process_input failed", extra={"chat_id": self.chat_id, "call_id": call_id}
+            )
+            self._feed(ToolFailed(call_id))
+            return
+        finally:
+            stdin.leave_input(ticket)
+            self._stoppable.pop(call_id, None)
+        self._feed(ToolEnded(call_id, report))
+
+    async def _run_tool_task(self, effect: RunTool, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                if isinstance(effect.args, process_tools.ProcessOutputArgs):
+                    report = await runners.wait_for_process(
+                        self.processes, effect.args, self.ctx.limits.max_wait_ms
+                    )
+                else:
+                    report = await runners.run_tool_in_thread(
+                        effect.args, self.ctx.workspace, self.processes
+                    )
+        except Exception:
+            log.exception(
+                "tool %s failed",
+                effect.tool,
+                extra={"chat_id": self.chat_id, "call_id": effect.call_id},
+            )
+            self._feed(ToolFailed(effect.call_id))
+            return
+        finally:
+            self._stoppable.pop(effect.call_id, None)
+        if scope.cancelled_caught:
+            self._feed(ToolStopped(effect.call_id))
+        else:
+            self._feed(ToolEnded(effect.call_id, report))
+
+    def stop_run(self, effect: StopRun) -> None:
+        scope = self._stoppable.get(effect.call_id)
+        if scope is not None:
+            scope.cancel()
+
+    # -----------------------------------------------------------------------------------------
+    # Processes
+
+    def spawn_process(self, effect: Spawn) -> None:
+        args = effect.args
+        assert isinstance(args, execute_tool.ExecuteArgs)
+        call_id = effect.call_id
+        try:
+            proc = self.processes.spawn(
+                call_id,
+                args.command,
+                execute_tool.argv_for(args),
+                execute_tool.cwd_for(args, self.ctx.workspace),
+                execute_tool.env_for(args, self.ctx.base_env),
+                effect.started_at_ms,
+                stdin=execute_tool.stdin_for(args),
+                terminal=execute_tool.terminal_for(args),
+            )
+        except OSError as exc:
+            self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
+            return
+        self._followers.spawned(call_id, proc)
+        counter = observe.OutputCounter(self.ctx)
+
+        def on_output(proc: processes.ProcessRecord) -> None:
+            counter.update(proc.output.total)
+            self._followers.output_arrived(call_id)
+
+        self._spawn(self._pump, proc, on_output)
+        self._spawn(self._reap, proc, on_output)
+        assert proc.handle.pid is not None
+        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
+
+    async def _pump(
+        self,
+        proc: processes.ProcessRecord,
+        on_output: Callable[[processes.ProcessRecord], None],
+    ) -> None:
+        try:
+            await processes.pump(proc, on_output)
+        except Exception:
+            log.exception(
+                "output pump failed", extra={"chat_id": self.chat_id, "call_id": proc.process_id}
+            )
+        self._followers.maybe_close_output(proc.process_id)
+        self._feed(OutputClosed(proc.process_id))
+
+    async def _reap(
+        self,
+        proc: processes.ProcessRecord,
+        on_output: Callable[[processes.ProcessRecord], None],
+    ) -> None:
+        await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
+        # What the command wrote before it exited, without waiting for EOF (a background child
+        # may hold the pipe for long).
+        processes.drain_available(proc, on_output)
+        self._feed(ProcessExited(proc.process_id, runners.snapshot(proc)))
+
+    def stop_group(self, effect: StopGroup) -> None:
+        proc = self.processes.get(effect.call_id)
+        if proc is None:
+            self._feed(GroupStopped(effect.call_id, _gone(effect.call_id)))
+            return
+        if effect.unless_exited and processes.has_exited(proc):
+            self._feed(AlreadyExited(effect.call_id))
+            return
+        if effect.reason == "kill_after":
+            if not proc.handle.group_alive():
+                self._feed(AlreadyExited(effect.call_id))
+                return
+            proc.timed_out = True
+        else:
+            proc.canceled = True
+        self._spawn(self._term_task, proc, effect.grace_s)
+
+    async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:
+        emptied = await runners.term_group(proc, grace_s)
+        self._feed(GroupEmpty(proc.process_id) if emptied else GraceOver(proc.process_id))
+
+    def kill_group(self, effect: KillGroup) -> None:
+        proc = self.processes.get(effect.call_id)
+        if proc is None:
+            self._feed(GroupStopped(effect.call_id, _gone(effect.call_id)))
+            return
+        self._spawn(self._kill_task, proc)
+
+    async def _kill_task(self, proc: processes.ProcessRecord) -> None:
+        await runners.kill_group(proc)
+        processes.drain_available(proc, lambda p: self._followers.output_arrived(p.process_id))
+        self._feed(GroupStopped(proc.process_id, runners.snapshot(proc)))
+
+    def mark_timed_out(self, effect: MarkTimedOut) -> None:
+        proc = self.processes.get(effect.call_id)
+        if proc is not None:
+            proc.timed_out = True
+
+    # -----------------------------------------------------------------------------------------
+    # Timers
+
+    def start_timer(self, effect: StartTimer) -> None:
+        old = self._timers.pop(effect.key, None)
+        if old is not None:
+            old.cancel()
+        scope = trio.CancelScope(deadline=effect.at)
+        self._timers[effect.key] = scope
+        self._spawn(self._timer_task, effect, scope)
+
+    async def _timer_task(self, effect: StartTimer, scope: trio.CancelScope) -> None:
+        with scope:
+            await trio.sleep_forever()
+        if self._timers.get(effect.key) is not scope:
+            return  # canceled, or replaced by a newer timer of the same key
+        del self._timers[effect.key]
+        fire = effect.fire
+        if isinstance(fire, Deadline):
+            proc = self.processes.get(fire.call_id)
+            fire = Deadline(fire.call_id, runners.snapshot(proc) if proc is not None else None)
+        self._feed(fire)
+
+    def cancel_timer(self, effect: CancelTimer) -> None:
+        scope = self._timers.pop(effect.key, None)
+        if scope is not None:
+            scope.cancel()
+
+
+def _gone(call_id: str) -> ProcessSnapshot:
+    """A command the table no longer lists (swept after it exited): nothing left to tell."""
+    return ProcessSnapshot(call_id, None, None, True, "", 0, 0)

@@ -1,0 +1,100 @@
+"""What every chat of one agent shares: limits, policy, the clocks, the process backend, the
+journal and the operator's counters. Imported by the agent, its chats and the transport; it
+imports none of them (only the leaf modules whose types it holds), so the import graph of
+`actors/` points one way: agent -> chat -> chat_state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from toolwire.actors import processes
+from toolwire.actors.chat_state import ChatConfig
+from toolwire.actors.journal import Journal, MemoryJournal
+from toolwire.actors.metrics import CallCounters
+from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
+from toolwire.actors.tools.registry import TOOL_NAMES
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every limit is explicit, reported in `welcome`, and has its reason beside it."""
+
+    # Largest WebSocket message accepted (1009 above it). 16 MiB holds a write_file of a large
+    # source file with room to spare, while bounding what one message can make us buffer.
+    max_message_bytes: int = 16 * 1024 * 1024
+    # Output retained per running process for streaming and re-attach (PROTOCOL.md 5.2).
+    output_retention_bytes: int = 1024 * 1024
+    # Output carried in a Result: 16 KiB head + 48 KiB tail (PROTOCOL.md 5.2).
+    result_output_bytes: int = 64 * 1024
+    # Longest blocking wait of process_output: 5 minutes, as in the anchor's agent.
+    max_wait_ms: int = 5 * 60 * 1000
+    # Records untouched this long may be forgotten (5.4); the anchor's agent uses one hour.
+    forget_after_s: int = 3600
+    # Exited processes stay listed this long (5.2); one hour, as the anchor's agent.
+    exited_retention_s: int = 3600
+    # Running processes per chat. A model in a loop can start processes faster than they exit;
+    # 64 leaves room for real parallel builds while keeping one chat from exhausting the host.
+    max_processes_per_chat: int = 64
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "max_message_bytes": self.max_message_bytes,
+            "output_retention_bytes": self.output_retention_bytes,
+            "result_output_bytes": self.result_output_bytes,
+            "max_wait_ms": self.max_wait_ms,
+            "forget_after_s": self.forget_after_s,
+            "exited_retention_s": self.exited_retention_s,
+            "max_processes_per_chat": self.max_processes_per_chat,
+        }
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class AgentContext:
+    """What every chat of one agent shares. Time and processes are injectable so that the
+    simulation harness runs the same actors in virtual time with scripted processes."""
+
+    workspace: str
+    limits: Limits = field(default_factory=Limits)
+    approve_tools: frozenset[str] = frozenset()
+    approval_timeout_s: float | None = None
+    # SIGTERM, then SIGKILL after this grace (PROTOCOL.md 5.3: kill_grace_ms default 2000).
+    kill_grace_s: float = 2.0
+    backend: processes.ProcessBackend = field(default_factory=processes.RealProcessBackend)
+    wall_ms: Callable[[], int] = wall_clock_ms
+    base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # Where records survive restarts. MemoryJournal keeps nothing (tests, simulations, benches).
+    journal: Journal = field(default_factory=MemoryJournal)
+    # With a journal that keeps results, the recent results kept on the heap besides it (the
+    # agent's whole LRU, see actors/result_cache.py); older ones are read back when needed.
+    result_cache_entries: int = DEFAULT_MAX_ENTRIES
+    result_cache_bytes: int = DEFAULT_MAX_BYTES
+    # The operator's counters (`/metrics`); None counts nothing (the benchmark's baseline).
+    metrics: CallCounters | None = field(default_factory=lambda: CallCounters(TOOL_NAMES))
+
+    def __post_init__(self) -> None:
+        for name in ("approval_timeout_s", "kill_grace_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+
+    def chat_config(self) -> ChatConfig:
+        """The policy and limits a chat's state machine decides by (no clocks, no I/O)."""
+        return ChatConfig(
+            workspace=self.workspace,
+            max_processes_per_chat=self.limits.max_processes_per_chat,
+            forget_after_s=self.limits.forget_after_s,
+            kill_grace_s=self.kill_grace_s,
+            approve_tools=self.approve_tools,
+            approval_timeout_s=self.approval_timeout_s,
+            journal_enabled=self.journal.enabled,
+            journal_keeps_results=self.journal.keeps_results,
+        )

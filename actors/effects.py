@@ -1,0 +1,514 @@
+"""The language `ChatState` speaks: the inputs it is handed and the effects it asks for.
+
+Pure data (no trio, no I/O). An input is a request from a connection or a report of something
+that happened in the world (a journal commit, a tool's end, a process's exit, a timer). An
+effect is something only the shell can do (send an event, write the journal, spawn, signal,
+start a timer, read a result back). The shell carries out the effects of one input in order and
+feeds what they report back in as new inputs, one at a time, in the order they happened.
+
+A connection is an opaque, hashable `Conn` here: the shell's outbox. `ChatState` only uses it
+as a key and hands it back in effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import msgspec
+
+from toolwire.actors.calls import CallSpec
+from toolwire.actors.events import Event, Rid, StartedEvent
+from toolwire.actors.journal_rows import JournalRow
+from toolwire.actors.results import Result, ToolReport
+
+Conn = Hashable
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSnapshot:
+    """What a command has done so far, as its result tells it (PROTOCOL.md 5.2)."""
+
+    process_id: str
+    exit_code: int | None
+    signal: str | None
+    exited: bool
+    output: str
+    output_bytes: int
+    truncated_bytes: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: requests (each raises ToolwireError and changes nothing when it is refused)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    conn: Conn
+    spec: CallSpec
+    stream: bool
+    rid: Rid
+
+
+@dataclass(frozen=True, slots=True)
+class AttachRequest:
+    conn: Conn
+    call_id: str
+    from_offset: int
+    rid: Rid
+
+
+@dataclass(frozen=True, slots=True)
+class DetachRequest:
+    conn: Conn
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ApproveRequest:
+    conn: Conn
+    call_id: str
+    approved: bool
+    rid: Rid
+    reason: str | None = None
+    scope: str = "call"
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    conn: Conn
+    call_ids: tuple[str, ...]
+    rid: Rid
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    conn: Conn
+    turn_id: str
+    specs: tuple[CallSpec, ...]
+    stream: bool
+    rid: Rid
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptRequest:
+    conn: Conn
+    turn_id: str | None
+    rid: Rid
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: what happened
+
+
+@dataclass(frozen=True, slots=True)
+class StartDurable:
+    """The journal holds the call's "started" row: its effect may happen now."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResultDurable:
+    """The journal holds the call's result: it may be sent."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalFailed:
+    """The journal refused a row of this call (the shell logged why)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEnded:
+    call_id: str
+    report: ToolReport
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStopped:
+    """A wait that `StopRun` ended (process_output): the call was canceled while running."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFailed:
+    """An exception inside the agent while running or carrying out this call (logged)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spawned:
+    call_id: str
+    pid: int
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    call_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """The command's shell (the group's leader) exited and was reaped."""
+
+    call_id: str
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class OutputClosed:
+    """Nothing holds the command's output pipe any more (no member of its group is left
+    that could still print)."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyExited:
+    """A `StopGroup` found nothing to stop (the command already exited, or for a hard
+    deadline no member of its group alive): nothing was signaled."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEmpty:
+    """The process group of a command being stopped has no member left."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GraceOver:
+    """The kill grace of a stop ended with members still in the group."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStopped:
+    """After the SIGKILL: the group is gone (or never will be: an unkillable member)."""
+
+    call_id: str
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A call's `timeout_ms` passed; the snapshot is its command's at that moment."""
+
+    call_id: str
+    snapshot: ProcessSnapshot | None
+
+
+@dataclass(frozen=True, slots=True)
+class GateExpired:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillAfter:
+    """A command's hard deadline (`kill_after_ms`, PROTOCOL.md 9.2) passed."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsRead:
+    """Results read back from the journal for the deliveries waiting on them."""
+
+    results: dict[str, Result]
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """One record rebuilt from the journal after a restart."""
+
+    row: JournalRow
+    touched_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRestored:
+    """A tool this chat approved with scope "chat" before the restart."""
+
+    tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """Periodic housekeeping: forget what expired."""
+
+
+Input = (
+    CallRequest
+    | AttachRequest
+    | DetachRequest
+    | ApproveRequest
+    | CancelRequest
+    | TurnRequest
+    | InterruptRequest
+    | StartDurable
+    | ResultDurable
+    | JournalFailed
+    | ToolEnded
+    | ToolStopped
+    | ToolFailed
+    | Spawned
+    | SpawnFailed
+    | ProcessExited
+    | OutputClosed
+    | AlreadyExited
+    | GroupEmpty
+    | GraceOver
+    | GroupStopped
+    | Deadline
+    | GateExpired
+    | KillAfter
+    | ResultsRead
+    | Restored
+    | ApprovalRestored
+    | Sweep
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects: sending
+
+
+class FollowMode:
+    """How `Follow` places a connection on a call (see `Follow`)."""
+
+    SUBSCRIBE = "subscribe"  # follow its events; the cursor stays (a new call, a turn's call)
+    LIVE = "live"  # a request that waits for the result: stream the output it owes
+    REPLAY = "replay"  # the call ended: its result (and retained output) comes as a replay
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """`conn` follows the call from now on (a detached follower follows again), `events` go
+    to it first, in order; then, by `mode`: LIVE places the output cursor at `from_offset`
+    (never past output an earlier request on this connection still owes, PROTOCOL.md 9.9)
+    and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows)."""
+
+    conn: Conn
+    call_id: str
+    stream: bool
+    resolved_events: bool
+    events: tuple[Event, ...]
+    mode: str
+    from_offset: int | None = None
+    started: StartedEvent | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One event to one connection, in order after what was sent before. `call_id`: the
+    call whose follow it belongs to (the shell drops it for a detached follower unless it is
+    a reply), or None for a reply of its own."""
+
+    conn: Conn
+    event: Event
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """An event of a call to every connection following it."""
+
+    call_id: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The result one request on `conn` waits for, after the output it owes."""
+
+    conn: Conn
+    call_id: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class SendReplay:
+    """The saved result of an ended call for one more request: the retained output from
+    `from_offset` first (an attach), or none (a repeated call)."""
+
+    conn: Conn
+    call_id: str
+    event: Event
+    from_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """`conn` stops receiving the call's events. `keep`: requests on it still wait for the
+    call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them."""
+
+    conn: Conn
+    call_id: str
+    keep: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """The record is gone (5.4): whatever the shell keeps for the call goes too."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    """The call's result is durable and sent: count it and log it (operators)."""
+
+    call_id: str
+    result: Result
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects: the journal
+
+
+@dataclass(frozen=True, slots=True)
+class JournalWrite:
+    """Write the row; feed `then` once it is durable (at once if it already is), or
+    `JournalFailed(call_id)` if the journal refuses it."""
+
+    row: JournalRow
+    then: StartDurable | ResultDurable | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalTouch:
+    call_id: str
+    wall_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalDelete:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalApproveTool:
+    tool: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalForgetApprovals:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBack:
+    """Read these calls' saved results back from the journal; feed `ResultsRead`."""
+
+    call_ids: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects: running
+
+
+@dataclass(frozen=True, slots=True)
+class RunTool:
+    """Run a non-execute tool with its parsed args; feed `ToolEnded` (or `ToolFailed`).
+    `on_loop`: run it right now on the loop (a short file operation); otherwise as a task."""
+
+    call_id: str
+    tool: str
+    args: msgspec.Struct
+    on_loop: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StopRun:
+    """End a cancelable wait (process_output) now; it feeds `ToolStopped`."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start the command in a process group of its own; feed `Spawned` or `SpawnFailed`;
+    then `ProcessExited` when its shell exits and `OutputClosed` when its output ends."""
+
+    call_id: str
+    args: msgspec.Struct
+    started_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopGroup:
+    """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
+    `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
+    already exited is left alone and `AlreadyExited` is fed instead. `reason`: "cancel" (its
+    listing says canceled) or "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
+    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`)."""
+
+    call_id: str
+    grace_s: float
+    unless_exited: bool
+    reason: str = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class KillGroup:
+    """SIGKILL to the whole group, then feed `GroupStopped` once it is gone."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkTimedOut:
+    """The command outlived its call's deadline: its listing says so from now on."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimer:
+    """Feed `fire` at trio time `at` unless `CancelTimer(key)` comes first."""
+
+    key: tuple[str, str]
+    at: float
+    fire: Deadline | GateExpired | KillAfter
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    key: tuple[str, str]
+
+
+Effect = (
+    Follow
+    | Send
+    | Publish
+    | SendResult
+    | SendReplay
+    | Detach
+    | Forgotten
+    | CallEnded
+    | JournalWrite
+    | JournalTouch
+    | JournalDelete
+    | JournalApproveTool
+    | JournalForgetApprovals
+    | ReadBack
+    | RunTool
+    | StopRun
+    | Spawn
+    | StopGroup
+    | KillGroup
+    | MarkTimedOut
+    | StartTimer
+    | CancelTimer
+)
