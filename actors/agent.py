@@ -21,6 +21,7 @@ from toolwire.actors.context import AgentContext, Limits, wall_clock_ms
 from toolwire.actors.journal import wall_ms_to_monotonic
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.result_cache import ResultCache
+from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools.registry import TOOL_NAMES
 
 # Kept importable from here: the transport, the simulation and tests name them so.
@@ -58,6 +59,7 @@ class Agent:
         self.recovered = 0  # records rebuilt from the journal at start
         # True once recovery is done and durable and requests are taken (`/readyz`).
         self.ready = False
+        self.stopping = False  # shutdown() began: requests are refused
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
@@ -110,6 +112,10 @@ class Agent:
             journal.forget_approvals(chat_id)
 
     def chat(self, chat_id: str) -> ChatActor:
+        if self.stopping:
+            raise ToolwireError(
+                "internal", "the agent is shutting down; send this again once it restarted"
+            )
         chat = self.chats.get(chat_id)
         if chat is None:
             if self._nursery is None:
@@ -168,6 +174,9 @@ class Agent:
     def interrupt(self, outbox: Outbox, chat_id: str, turn_id: str | None, rid: Any) -> None:
         self.chat(chat_id).interrupt(outbox, turn_id, rid)
 
+    def close_chat(self, outbox: Outbox, chat_id: str, rid: Any) -> None:
+        self.chat(chat_id).close_chat(outbox, rid)
+
     # Housekeeping and shutdown
 
     async def _sweeper(self) -> None:
@@ -181,6 +190,18 @@ class Agent:
             if chat.idle:
                 # Memory is bounded by live records: an empty chat costs nothing to recreate.
                 del self.chats[chat_id]
+
+    async def shutdown(self) -> None:
+        """Stop gracefully (PROTOCOL.md 9.3): no request is taken from here on; every chat
+        stops its running calls and process groups (SIGTERM, `kill_grace_ms`, SIGKILL) and
+        saves them `canceled` with the shutdown's text; then every queued journal write is
+        made durable, so a repeat after a restart gets those results."""
+        self.stopping = True
+        async with trio.open_nursery() as nursery:
+            for chat in list(self.chats.values()):
+                nursery.start_soon(chat.shutdown)
+        journal = self.ctx.journal
+        await journal.wait_durable(journal.queued_seq)
 
     async def stop_processes(self, grace_s: float) -> None:
         """End every running process group: SIGTERM, then SIGKILL after `grace_s`."""

@@ -32,6 +32,7 @@ from toolwire.actors.effects import (
     CallRequest,
     CancelRequest,
     CancelTimer,
+    CloseChatRequest,
     Detach,
     DetachRequest,
     Effect,
@@ -55,6 +56,8 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    Shutdown,
+    ShutdownDone,
     Spawn,
     StartTimer,
     StopGroup,
@@ -83,6 +86,7 @@ class ChatActor:
         "_nursery",
         "_pending",
         "_running",
+        "_shutdown_done",
         "_start_task",
         "_work",
         "chat_id",
@@ -125,6 +129,7 @@ class ChatActor:
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple[Any, ...]]] = []
+        self._shutdown_done: trio.Event | None = None
 
     @property
     def work(self) -> ChatWork:
@@ -226,6 +231,20 @@ class ChatActor:
 
     def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
         self._request(InterruptRequest(outbox, turn_id, rid))
+
+    def close_chat(self, outbox: Outbox, rid: Any) -> None:
+        self._request(CloseChatRequest(outbox, rid))
+
+    async def shutdown(self) -> None:
+        """The agent stops (PROTOCOL.md 9.3): returns once every call this stopped has its
+        saved result and every process group of the chat is gone."""
+        done = self._shutdown_done = trio.Event()
+        self._request(Shutdown())
+        await done.wait()
+
+    def _on_shutdown_done(self, effect: ShutdownDone) -> None:
+        if self._shutdown_done is not None:
+            self._shutdown_done.set()
 
     def restore(self, row: JournalRow, touched_at: float) -> None:
         """Rebuild one record from the journal after a restart."""
@@ -373,4 +392,5 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     MarkTimedOut: lambda chat, e: chat.work.mark_timed_out(e),
     StartTimer: lambda chat, e: chat.work.start_timer(e),
     CancelTimer: lambda chat, e: chat.work.cancel_timer(e),
+    ShutdownDone: ChatActor._on_shutdown_done,
 }

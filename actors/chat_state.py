@@ -35,6 +35,7 @@ from toolwire.actors.effects import (
     CallRequest,
     CancelRequest,
     CancelTimer,
+    CloseChatRequest,
     Conn,
     Deadline,
     Detach,
@@ -70,6 +71,8 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    Shutdown,
+    ShutdownDone,
     Spawn,
     Spawned,
     SpawnFailed,
@@ -88,6 +91,7 @@ from toolwire.actors.events import (
     ApprovalEvent,
     ApprovalResolvedEvent,
     CancelResultEvent,
+    ChatClosedEvent,
     Event,
     InterruptedEvent,
     ResultEvent,
@@ -113,6 +117,7 @@ from toolwire.actors.results import (
     TEXT_APPROVAL_EXPIRED,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_SHUTDOWN,
     Outcome,
     Result,
     ToolwireError,
@@ -257,10 +262,12 @@ class ChatState:
         "approved_tools",
         "calls",
         "chat_id",
+        "closed",
         "config",
         "groups",
         "records",
         "results",
+        "shutting_down",
         "turns",
     )
 
@@ -277,6 +284,10 @@ class ChatState:
         # Tools approved for the whole chat (9.5). A tuple: the empty one is shared, so the
         # chats that never approve so pay nothing for it.
         self.approved_tools: tuple[str, ...] = ()
+        # `close_chat` (9.6): nothing new starts until its records are all forgotten.
+        self.closed = False
+        # The agent is stopping (9.3): calls it stops end with the shutdown's text.
+        self.shutting_down = False
         # Executes launched but not spawned yet: each holds a process slot (a burst of calls
         # cannot get past max_processes_per_chat before the first ones spawn).
         # (Dicts used as sets: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
@@ -341,6 +352,8 @@ class ChatState:
         """A `call` request (PROTOCOL.md 5.1)."""
         spec = req.spec
         record = self.records.get(spec.call_id)
+        if record is None and self.closed:
+            raise self._closed_error()
         parsed: msgspec.Struct | None = None
         if record is None or record.tool is None:
             tool = lookup(spec.tool)
@@ -454,6 +467,8 @@ class ChatState:
                     self._journal_touch(record)
             self._follow_turn(req.conn, existing, stream=req.stream, rid=req.rid, created=())
             return
+        if self.closed and any(self.records.get(s.call_id) is None for s in specs):
+            raise self._closed_error()
         fingerprints = check_new_turn(self.records, specs)
         segments = planner.plan_segments(
             [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs],
@@ -523,6 +538,45 @@ class ChatState:
             ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
             event = InterruptedEvent(self.chat_id, turn_id, ended, req.rid)
             # Behind any result still being read back for this chat: `interrupted` comes last.
+            self._deliver([], lambda _: [Send(req.conn, event)])
+
+        self._replies.append(_PendingReply(ready, fire))
+
+    def _on_close_chat(self, req: CloseChatRequest) -> None:
+        """Close the chat (9.6): every unresolved call ends as by `interrupt`, every process
+        group with a member left (background and timed-out ones too) is stopped as by a
+        cancel, and `chat_closed` says which once all of it is over."""
+        self.closed = True
+        targets = [r for r in self.records if r.tool is not None and not r.done]
+        ending = [r for r in self.records if r.done and not r.published]
+        turns = [t for t in self.turns.values() if not t.done]
+        # The groups first, unconditionally: a command whose shell already exited may have
+        # left members, and they go too.
+        stopped: list[str] = []
+        for call_id, group in list(self.groups.items()):
+            if group.leader_exited and group.output_closed and group.stopping is None:
+                continue
+            if group.stopping is None:
+                self._stop_group(call_id, unless_exited=False)
+            stopped.append(call_id)
+        for record in targets:
+            self._cancel_one(record.call_id)
+        watched = [*targets, *ending]
+        for record in watched:
+            record.pin()
+
+        def ready() -> bool:
+            return (
+                all(r.published for r in watched)
+                and all(t.done for t in turns)
+                and not any(call_id in self.groups for call_id in stopped)
+            )
+
+        def fire() -> None:
+            for record in watched:
+                record.unpin()
+            ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
+            event = ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
             self._deliver([], lambda _: [Send(req.conn, event)])
 
         self._replies.append(_PendingReply(ready, fire))
@@ -718,7 +772,7 @@ class ChatState:
 
     def _start(self, record: ToolCallRecord, *, gated: bool) -> None:
         """A queued record's turn has come: park it at its gate or launch it."""
-        if record.state is not RecordState.QUEUED:
+        if record.state is not RecordState.QUEUED or self.shutting_down:
             return
         call = self.calls[record.call_id]
         if gated:
@@ -779,8 +833,9 @@ class ChatState:
             return
         if not call.start_pending:
             return
-        if record.cancel_requested:
-            # A cancel came while the start was on its way to disk: nothing happened.
+        if record.cancel_requested or self.shutting_down:
+            # A cancel (or the agent's shutdown) came while the start was on its way to disk:
+            # nothing happened.
             self._launching.pop(record.call_id, None)
             self._finish(
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
@@ -841,9 +896,8 @@ class ChatState:
         record = self.records.get(event.call_id)
         if record is None or record.state is not RecordState.RUNNING:
             return
-        self._finish(
-            record, self._plain_result(record, Outcome.CANCELED, TEXT_CANCELED_WHILE_RUNNING)
-        )
+        text = TEXT_SHUTDOWN if self.shutting_down else TEXT_CANCELED_WHILE_RUNNING
+        self._finish(record, self._plain_result(record, Outcome.CANCELED, text))
 
     def _on_tool_failed(self, event: ToolFailed) -> None:
         """An exception inside the agent while running or carrying out this call: end the
@@ -1062,7 +1116,38 @@ class ChatState:
                 )
                 return
             outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
-            self._finish(record, self._execute_result(record, event.snapshot, outcome))
+            text = TEXT_SHUTDOWN if self.shutting_down and record.cancel_requested else None
+            self._finish(record, self._execute_result(record, event.snapshot, outcome, text=text))
+
+    def _on_shutdown(self, event: Shutdown) -> None:
+        """The agent stops (PROTOCOL.md 9.3): every call whose effect is running is stopped
+        and saved `canceled` with the shutdown's text, every process group is stopped as by a
+        cancel, and nothing new starts. Parked gates stay parked (their rows say so); queued
+        turn calls never started. `ShutdownDone` once every stopped call's result is durable
+        and every group is gone."""
+        self.shutting_down = True
+        running = [r for r in self.records if r.state is RecordState.RUNNING]
+        stopped: list[str] = []
+        for call_id, group in list(self.groups.items()):
+            if group.leader_exited and group.output_closed and group.stopping is None:
+                continue
+            if group.stopping is None:
+                self._stop_group(call_id, unless_exited=False)
+            stopped.append(call_id)
+        for record in running:
+            record.cancel_requested = True
+            call = self.calls.get(record.call_id)
+            if call is not None and call.stoppable and record.call_id not in self.groups:
+                self._emit(StopRun(record.call_id))
+            # A file tool on a worker thread ends on its own with its real result; a start on
+            # its way to disk ends `not_run` when it gets there.
+
+        def ready() -> bool:
+            return all(r.published for r in running) and not any(
+                call_id in self.groups for call_id in stopped
+            )
+
+        self._replies.append(_PendingReply(ready, lambda: self._emit(ShutdownDone())))
 
     def _reply_cancel(self, conn: Conn, record: ToolCallRecord, received: bool, rid: Rid) -> None:
         call_id = record.call_id
@@ -1359,6 +1444,8 @@ class ChatState:
                 for turn_id, run in list(self.turns.items()):
                     if run.done and record.call_id in run.call_ids:
                         del self.turns[turn_id]
+        if self.closed and not self.records:
+            self.closed = False  # gone: its id may be used again (9.6)
         if self.approved_tools and not self.records:
             # "For as long as the chat has records" (9.5): the approval goes with the last one.
             self.approved_tools = ()
@@ -1457,6 +1544,13 @@ class ChatState:
 
     # -----------------------------------------------------------------------------------------
 
+    def _closed_error(self) -> ToolwireError:
+        return ToolwireError(
+            "chat_closed",
+            f"chat {self.chat_id!r} was closed: a retry of one of its calls gets the saved "
+            "result, but nothing new starts in it until its records are forgotten",
+        )
+
     def _unknown_call(self, call_id: str) -> ToolwireError:
         return ToolwireError("unknown_call", f"no call {call_id!r} in chat {self.chat_id!r}")
 
@@ -1477,6 +1571,7 @@ _HANDLER_NAMES: dict[type, str] = {
     CancelRequest: "_on_cancel",
     TurnRequest: "_on_turn",
     InterruptRequest: "_on_interrupt",
+    CloseChatRequest: "_on_close_chat",
     StartDurable: "_on_start_durable",
     ResultDurable: "_on_result_durable",
     JournalFailed: "_on_journal_failed",
@@ -1497,6 +1592,7 @@ _HANDLER_NAMES: dict[type, str] = {
     ResultsRead: "_on_results_read",
     Restored: "_on_restored",
     ApprovalRestored: "_on_approval_restored",
+    Shutdown: "_on_shutdown",
     Sweep: "_on_sweep",
 }
 

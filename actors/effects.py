@@ -97,6 +97,12 @@ class InterruptRequest:
     rid: Rid
 
 
+@dataclass(frozen=True, slots=True)
+class CloseChatRequest:
+    conn: Conn
+    rid: Rid
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs: what happened
 
@@ -244,6 +250,12 @@ class ApprovalRestored:
 
 
 @dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The agent stops (PROTOCOL.md 9.3): every running call is stopped and saved, every
+    process group stopped; nothing new starts. `ShutdownDone` says when it is over."""
+
+
+@dataclass(frozen=True, slots=True)
 class Sweep:
     """Periodic housekeeping: forget what expired."""
 
@@ -256,6 +268,7 @@ Input = (
     | CancelRequest
     | TurnRequest
     | InterruptRequest
+    | CloseChatRequest
     | StartDurable
     | ResultDurable
     | JournalFailed
@@ -276,6 +289,7 @@ Input = (
     | ResultsRead
     | Restored
     | ApprovalRestored
+    | Shutdown
     | Sweep
 )
 
@@ -488,6 +502,12 @@ class CancelTimer:
     key: tuple[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class ShutdownDone:
+    """Every call the shutdown stopped has its result saved (durable) and every process group
+    of the chat is gone."""
+
+
 Effect = (
     Follow
     | Send
@@ -511,4 +531,5 @@ Effect = (
     | MarkTimedOut
     | StartTimer
     | CancelTimer
+    | ShutdownDone
 )

@@ -86,6 +86,13 @@ class InterruptedEvent(msgspec.Struct, frozen=True):
     rid: Rid = None
 
 
+class ChatClosedEvent(msgspec.Struct, frozen=True):
+    chat_id: str
+    call_ids: list[str]  # the calls the close ended
+    process_ids: list[str]  # the processes it stopped
+    rid: Rid = None
+
+
 class ErrorEvent(msgspec.Struct, frozen=True):
     code: str
     message: str
@@ -105,5 +112,6 @@ Event = (
     | TurnPlanEvent
     | TurnResultEvent
     | InterruptedEvent
+    | ChatClosedEvent
     | ErrorEvent
 )

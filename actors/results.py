@@ -34,6 +34,8 @@ TEXT_AGENT_FAILURE_BEFORE_RUN = (
     "tool call failed inside the agent before it ran; no changes were made"
 )
 TEXT_AGENT_RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
+# PROTOCOL.md 9.3, 9.10: a call still running when the agent shut down gracefully.
+TEXT_SHUTDOWN = "the agent shut down while the tool call was running; it was stopped"
 
 
 def text_denied(reason: str | None) -> str:

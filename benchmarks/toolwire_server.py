@@ -43,7 +43,7 @@ async def main(
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
-        await server.shutdown(0.5)
+        await server.shutdown()
         nursery.cancel_scope.cancel()
 
 

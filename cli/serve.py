@@ -21,9 +21,9 @@ from toolwire.transport.server import Server, ServerConfig
 log = logging.getLogger("toolwire.serve")
 
 DEFAULT_PORT = 7411
-# SIGTERM must end the agent within 5 s: close connections (1 s at most), end process groups
-# (SIGTERM, then SIGKILL after this grace), and leave time to spare.
-SHUTDOWN_KILL_GRACE_S = 1.5
+# PROTOCOL.md 9.3: on SIGTERM the agent exits within kill_grace_ms plus this: the groups get
+# their grace, then saving the results and closing the connections get one second.
+SHUTDOWN_SLACK_S = 1.0
 
 
 @dataclass
@@ -138,7 +138,9 @@ async def serve(options: ServeOptions) -> None:
             # rebuilt: /healthz 200, /readyz 503, WebSocket handshakes 503 until the agent is
             # ready (PROTOCOL.md 9.7). A signal meanwhile stops the start.
             port = await nursery.start(server.serve)
-            nursery.start_soon(_stop_on_signal, signals, server, nursery.cancel_scope)
+            nursery.start_soon(
+                _stop_on_signal, signals, server, nursery.cancel_scope, ctx.kill_grace_s
+            )
             # Where the token came from (a file path or the variable), never the token itself.
             log.info("token", extra={"token_source": token_source})
             log.info("workspace", extra={"workspace": str(workspace)})
@@ -160,11 +162,11 @@ async def serve(options: ServeOptions) -> None:
 
 
 async def _stop_on_signal(
-    signals: AsyncIterator[int], server: Server, scope: trio.CancelScope
+    signals: AsyncIterator[int], server: Server, scope: trio.CancelScope, grace_s: float
 ) -> None:
     async for signum in signals:
         log.info("received %s; shutting down", signal.Signals(signum).name)
-        with trio.move_on_after(4.0):
-            await server.shutdown(SHUTDOWN_KILL_GRACE_S)
+        with trio.move_on_after(grace_s + SHUTDOWN_SLACK_S):
+            await server.shutdown()
         scope.cancel()
         return

@@ -11,11 +11,18 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import HealthCheck, settings
 
 from tests import wsclient
 from toolwire.actors.agent import Agent, AgentContext, Limits
 from toolwire.actors.journal import SqliteJournal
 from toolwire.transport.server import Server, ServerConfig
+
+# No hypothesis test asserts on time: on a busy CI machine an example may take seconds, which is
+# not a failure (hypothesis's default deadline of 200 ms per example, and its health check of
+# slow data generation, would make it one).
+settings.register_profile("toolwire", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("toolwire")
 
 TOKEN = "test-token-0123456789"
 

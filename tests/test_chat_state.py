@@ -38,6 +38,7 @@ from toolwire.actors.effects import (
     CallRequest,
     CancelRequest,
     CancelTimer,
+    CloseChatRequest,
     Deadline,
     Detach,
     DetachRequest,
@@ -80,6 +81,7 @@ from toolwire.actors.effects import (
 from toolwire.actors.events import (
     AcceptedEvent,
     CancelResultEvent,
+    ChatClosedEvent,
     InterruptedEvent,
     ResultEvent,
     TurnPlanEvent,
@@ -140,6 +142,8 @@ class Owed:
     cancel_results: int = 0
     interrupts: int = 0
     interrupted: int = 0
+    closes: int = 0
+    closed: int = 0
     turns: Counter[str] = field(default_factory=Counter)
     turn_results: Counter[str] = field(default_factory=Counter)
 
@@ -312,6 +316,11 @@ class World:
         elif isinstance(event, InterruptedEvent):
             owed.interrupted += 1
             assert owed.interrupted <= owed.interrupts
+        elif isinstance(event, ChatClosedEvent):
+            owed.closed += 1
+            assert owed.closed <= owed.closes
+            # Nothing of what it stopped is left.
+            assert not any(call_id in self.state.groups for call_id in event.process_ids)
         elif isinstance(event, TurnResultEvent):
             owed.turn_results[event.turn_id] += 1
             assert owed.turn_results[event.turn_id] <= owed.turns[event.turn_id]
@@ -463,6 +472,7 @@ class World:
             assert owed.results == owed.accepted, f"{conn}: one result per request"
             assert owed.cancel_results == owed.cancels
             assert owed.interrupted == owed.interrupts
+            assert owed.closed == owed.closes
             assert owed.turn_results == owed.turns
 
 
@@ -549,6 +559,12 @@ class ChatStateMachine(RuleBasedStateMachine):
         owed.interrupts += 1
         if not self.world.request(InterruptRequest(self.conn(conn), turn_id, None)):
             owed.interrupts -= 1
+
+    @rule(conn=conns)
+    def close_chat(self, conn: int) -> None:
+        owed = self.world.owed[self.conn(conn)]
+        owed.closes += 1
+        self.world.request(CloseChatRequest(self.conn(conn), None))
 
     # -- what happens meanwhile ----------------------------------------------------------------
 

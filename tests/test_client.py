@@ -743,7 +743,7 @@ async def test_no_socket_leaks_after_peer_closes_rejections_and_1009(
             assert client.connections == 2
             assert sockets_to(port) == 1  # the socket of the connection the agent closed is gone
             # The agent closes with 1001 and stops listening.
-            await shell.on_trio(small.server.shutdown, 0.1)
+            await shell.on_trio(small.server.shutdown)
         assert sockets_to(port) == 0
 
     await shell.run(body)

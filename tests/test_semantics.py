@@ -371,6 +371,60 @@ async def test_every_member_of_the_group_gets_the_grace_not_only_the_shell(
     assert members_at_reply == []  # the reply came once the group was empty
 
 
+@pytest.mark.parametrize("second", ["cancel", "interrupt"])
+async def test_a_cancel_after_the_shell_died_of_an_earlier_cancel_keeps_it_canceled(
+    make_server: MakeServer, second: str
+) -> None:
+    """PROTOCOL.md 5.3: a running call that a cancel stops ends `canceled`. The first cancel's
+    SIGTERM kills the shell at once, while a member of its group (here one that ignores
+    SIGTERM, until the test lets it go) still has its grace. A second cancel or an interrupt
+    arriving in that window found the shell exited and took the call for one that had
+    finished first: the stopped run then ended `completed` (with `canceled: true` and signal
+    SIGTERM), and so did every reply, though its command never got to its last line. The
+    wire fuzz test saw it as `completed but ran 0 times` (a command killed before its
+    marker line)."""
+    # The grace never runs out here: the group empties when the test creates GO.
+    server = await make_server(kill_grace_s=TEST_DEADLINE_S * 3)
+    command = (
+        "sh -c \"trap '' TERM; echo ready; while [ ! -e GO ]; do sleep 0.01; done\" & "
+        "wait; echo ran > MARKER"
+    )
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with server.connect() as conn:
+            await conn.send(execute("c", "k", command))
+            await output_containing(conn, "k", "ready")
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["k"], "rid": 1})
+            # Returns once the shell is reaped: it died of the SIGTERM; its group lives on.
+            shell = await tool(conn, "c", "w", "process_output", process_id="k", wait=True)
+            if second == "cancel":
+                await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["k"], "rid": 2})
+            else:
+                await conn.send({"type": "interrupt", "chat_id": "c", "rid": 2})
+            # Messages of a connection are applied in order: once this is accepted, so is the
+            # second request, and the call is still being stopped (GO does not exist yet).
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "rid": 3})
+            await wait_for(conn, lambda m: m["type"] == "accepted" and m.get("rid") == 3)
+            (server.workspace / "GO").touch()
+            first = await wait_for(conn, lambda m: m["type"] == "cancel_result" and m["rid"] == 1)
+            reply = await wait_for(conn, lambda m: m.get("rid") == 2 and m["type"] != "accepted")
+            while len(messages(conn, "k", "result")) < 2:  # the call's and the attach's
+                await conn.recv()
+    assert shell["data"]["running"] is False and shell["data"]["signal"] == "SIGTERM"
+    assert not (server.workspace / "MARKER").exists()  # the shell never got to its last line
+    results = [fields(m) for m in messages(conn, "k", "result")]
+    assert first["received"] is True
+    canceled = first["result"]
+    assert canceled["outcome"] == "canceled" and canceled["text"] == CANCELED_TEXT
+    assert canceled["canceled"] is True and canceled["data"]["signal"] == "SIGTERM"
+    assert canceled["output"] == "ready\n"
+    assert all(same_bytes(result, canceled) for result in results)
+    if second == "cancel":
+        assert reply["type"] == "cancel_result" and reply["received"] is True
+        assert same_bytes(reply["result"], canceled)
+    else:
+        assert reply["type"] == "interrupted" and reply["call_ids"] == ["k"]
+
+
 async def test_backgrounded_grandchild_dies_with_the_group(live: LiveServer) -> None:
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:

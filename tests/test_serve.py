@@ -89,6 +89,54 @@ async def test_generated_token_is_private_and_sigterm_shuts_down_cleanly(tmp_pat
     assert not alive(child)  # the backgrounded grandchild was ended with its group
 
 
+async def test_sigterm_saves_the_running_call_after_its_cleanup_and_a_restart_serves_it(
+    tmp_path: Path,
+) -> None:
+    """PROTOCOL.md 9.3: the running command's group gets the kill grace (its TERM trap cleans
+    up for 300 ms), the call is saved `canceled` with the shutdown's text before the agent
+    exits 0, a repeat after the restart gets that saved result, and a parked gate stays
+    parked."""
+    marker = tmp_path / "ws" / "marker"
+    command = (
+        "trap 'sleep 0.3; echo cleaned > marker; exit 0' TERM; echo up; "
+        "while true; do sleep 0.05; done"
+    )
+    call = {"type": "call", "chat_id": "c", "call_id": "long", "tool": "execute",
+            "args": {"command": command}}  # fmt: skip
+    gated = {"type": "call", "chat_id": "c", "call_id": "gate", "tool": "write_file",
+             "args": {"path": "never", "content": "x"}, "approval": True}  # fmt: skip
+    async with serve(tmp_path) as server:
+        token = (tmp_path / "state" / "token").read_text().strip()
+        async with connect(server.url, token) as conn:
+            await conn.send(gated)
+            await conn.recv_until(lambda m: m["type"] == "approval")
+            await conn.send(call)
+            await conn.recv_until(lambda m: m["type"] == "output" and "up" in m["data"])
+            server.process.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await conn.recv()
+            assert closed.value.reason.code == 1001
+        with trio.fail_after(10):
+            assert await server.process.wait() == 0
+    assert marker.read_text() == "cleaned\n"  # the cleanup had its grace
+    async with serve(tmp_path) as server:
+        token = (tmp_path / "state" / "token").read_text().strip()
+        async with connect(server.url, token) as conn:
+            await conn.send(call)
+            got = await conn.recv_until(lambda m: m["type"] == "result")
+            await conn.send(gated)
+            again = await conn.recv_until(lambda m: m["type"] == "accepted")
+        server.process.send_signal(signal.SIGTERM)
+        assert await server.process.wait() == 0
+    result = got[-1]
+    assert result["outcome"] == "canceled" and result["canceled"] is True
+    assert result["text"] == "the agent shut down while the tool call was running; it was stopped"
+    assert "up" in result["output"]
+    assert again[-1]["state"] == "awaiting_approval"
+    assert not (tmp_path / "ws" / "never").exists()
+
+
 async def test_token_from_env_and_file(tmp_path: Path) -> None:
     async with serve(tmp_path, env={"TOOLWIRE_TOKEN": "from-env"}) as server:
         async with connect(server.url, "from-env") as conn:

@@ -88,6 +88,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "kill_after",
             "approval_scope",
             "expected_sha256",
+            "close_chat",
             "http_status",
         ]
 

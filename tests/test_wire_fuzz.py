@@ -16,10 +16,14 @@ replies are awaited, and the checker below reads what each connection received:
   request is open, none for a repeated `call` of an ended call; an `attach` of an ended call
   replays after its own `accepted`;
 - output offsets never jump ahead (no gaps), every byte matches what the command printed, and
-  a connection that followed a call to its end (without `detach`) has all of it up to the
-  result's `output_bytes`;
+  a connection that followed a call to its end (without `detach`) has all of it from each
+  request's offset up to the result's `output_bytes` by that request's result (results answer
+  requests in the order they were accepted); an `attach` of an ended call replays those bytes
+  itself, between its `accepted` and its `result`;
 - at most one run per call (each command appends a marker line to a file: they are counted),
-  none for `not_run`/`denied`, exactly one for `completed`;
+  none for `not_run`/`denied`, exactly one for `completed`; and a `completed` result is the
+  whole run of a command left alone: exit code 0, no signal, `canceled: false`, all it prints
+  (a stopped run is `canceled` or `timed_out`, 5.3);
 - every `cancel` id gets one `cancel_result`, every `interrupt` one `interrupted`; the agent
   still answers afterwards.
 
@@ -27,8 +31,11 @@ Bounded by default (it runs in `.ci/run`). For long runs select the `long` profi
 environment variable and give it a time budget (see docs/simulation.md, "Wire fuzzing"):
 
     TOOLWIRE_FUZZ_PROFILE=long TOOLWIRE_FUZZ_MINUTES=30 \\
-        flock /tmp/toolwire-cpu.lock .venv/bin/python -m pytest -q -p no:cacheprovider \\
-        tests/test_wire_fuzz.py
+        nice -n 19 .venv/bin/python -m pytest -q -p no:cacheprovider -s tests/test_wire_fuzz.py
+
+(under `nice`, not the shared CPU lock, which it would hold for the whole budget).
+Agent bugs it found that are not fixed yet are listed in `KNOWN_AGENT_BUGS`, each with a strict
+xfail reproduction; the checker tolerates exactly their signature meanwhile.
 """
 
 from __future__ import annotations
@@ -66,6 +73,19 @@ QUIET_DEADLINE_S = 4.0
 CALL_IDS = ("k0", "k1", "k2", "k3")
 CHATS = ("a", "b")
 ATTACH_OFFSETS = (0, 3, 9, 1_000_000)
+
+# Agent bugs this test found whose fix belongs to code the lead is rewriting (actors/chat.py and
+# its helpers): each has a strict xfail reproduction through a real server, and the checker
+# tolerates exactly its signature until the fix lands (then it leaves this set).
+# completed_after_cancel: a cancel (or interrupt) that comes after an earlier cancel's SIGTERM
+# killed the shell, while the group has its grace, turns the stopped run into `completed`
+# (`canceled: true`); tests/test_semantics.py
+# test_a_cancel_after_the_shell_died_of_an_earlier_cancel_keeps_it_canceled.
+COMPLETED_AFTER_CANCEL = "[completed_after_cancel] "
+# (Fixed by the ChatState redesign: a cancel that finds its group's stop under way only waits
+# for it; `cancel_requested` never goes back. The set stays for the next finding.)
+KNOWN_AGENT_BUGS: frozenset[str] = frozenset()
+KNOWN_TAGS = tuple(KNOWN_AGENT_BUGS)
 
 settings.register_profile(
     "wire-fuzz-ci",
@@ -171,6 +191,17 @@ class Sent:
     chat: str = ""
     call_ids: tuple[str, ...] = ()
     from_offset: int | None = None  # attach
+
+
+@dataclass
+class Open:
+    """A request of one connection that got its `accepted` and waits for its result: `live`
+    (it follows the running call's output from `start`), `replay` (an attach of an ended call:
+    the retained output from `start`, then the result) or `quiet` (no output owed)."""
+
+    mode: str
+    start: int
+    got: set[int] = field(default_factory=set)  # output bytes received since its `accepted`
 
 
 @dataclass
@@ -415,6 +446,7 @@ class Checker:
         problems += self._replies()
         problems += self._order_and_output()
         problems += self._effects()
+        problems = [p for p in problems if not p.startswith(KNOWN_TAGS)]
         assert not problems, "\n".join(problems[:20])
 
     def _replies(self) -> list[str]:
@@ -462,12 +494,11 @@ class Checker:
         requests = [s for s in self.run.sent if s.conn == conn.index and s.gen == gen]
         by_rid = {s.rid: s for s in requests}
         detached = {(s.chat, s.call_ids[0]) for s in requests if s.kind == "detach"}
-        # Per call: open requests (accepted, result owed), whether each wants output, offsets.
-        open_reqs: dict[tuple[str, str], list[str]] = defaultdict(list)
+        # Per call: open requests (accepted, result owed) in order, offsets.
+        open_reqs: dict[tuple[str, str], list[Open]] = defaultdict(list)
         pos: dict[tuple[str, str], int] = {}
         allowed: dict[tuple[str, str], list[int]] = defaultdict(list)
         covered: dict[tuple[str, str], set[int]] = defaultdict(set)
-        low: dict[tuple[str, str], int] = {}
         for g, m in conn.seen:
             if g != gen:
                 continue
@@ -486,15 +517,13 @@ class Checker:
                 else:
                     mode = "live" if m["state"] != "done" else "quiet"
                     allowed[key].append(0)
-                if mode in ("live", "replay") and key not in detached:
-                    start = 0 if req is None or req.kind != "attach" else req.from_offset or 0
-                    low[key] = min(low.get(key, start), start)
-                open_reqs[key].append(mode)
+                start = 0 if req is None or req.kind != "attach" else req.from_offset or 0
+                open_reqs[key].append(Open(mode, start))
             elif kind == "output":
-                modes = open_reqs[key]
-                if not modes:
+                reqs = open_reqs[key]
+                if not reqs:
                     out.append(f"c{conn.index}: output of {key} with no request open: {m}")
-                elif all(mode == "quiet" for mode in modes):
+                elif all(r.mode == "quiet" for r in reqs):
                     out.append(
                         f"c{conn.index}: output of {key} while only requests owed no output "
                         f"(a repeated call of an ended call, or no stream) are open: {m}"
@@ -519,22 +548,29 @@ class Checker:
                     end = min(end, len(printed))
                 pos[key] = end
                 covered[key].update(range(m["offset"], end))
+                for r in reqs:
+                    r.got.update(range(m["offset"], end))
             elif kind == "result":
-                modes = open_reqs[key]
-                if not modes:
+                reqs = open_reqs[key]
+                if not reqs:
                     out.append(f"c{conn.index}: result of {key} with no request open")
                     continue
-                mode = modes.pop(0)
+                # Results answer a call's requests in the order they were accepted: a live
+                # follower's comes with the call's end, a replay's after its own output.
+                r = reqs.pop(0)
                 n = m["output_bytes"]
-                if key in low and mode in ("live", "replay") and key not in detached:
-                    want = set(range(min(low[key], n), n))
-                    if not want <= covered[key]:
-                        out.append(
-                            f"c{conn.index}: followed {key} to its result but lacks output "
-                            f"bytes {sorted(want - covered[key])[:5]}... of {n}"
-                        )
-                if not modes:
-                    low.pop(key, None)
+                if r.mode == "quiet" or key in detached:
+                    continue
+                # A live follower has every byte from its offset by its result (sent for it,
+                # or for an earlier request on the connection: the cursor only moves back, so
+                # none is skipped); a replay sends them itself, after its `accepted` (9.9).
+                have = covered[key] if r.mode == "live" else r.got
+                want = set(range(min(r.start, n), n))
+                if not want <= have:
+                    out.append(
+                        f"c{conn.index}: {r.mode} request of {key} from {r.start} got its "
+                        f"result without output bytes {sorted(want - have)[:5]}... of {n}"
+                    )
         return out
 
     @staticmethod
@@ -554,19 +590,48 @@ class Checker:
             elif n > 1:
                 out.append(f"{line} ran {n} times")
         outcomes: dict[str, set[str]] = defaultdict(set)
+        # Calls with a `completed` result that says its command was stopped by a cancel.
+        stopped: set[str] = set()
         for conn in self.run.conns:
             for _, m in conn.seen:
                 result = m.get("result", m) if m["type"] in ("result", "cancel_result") else None
-                if result is not None and m.get("call_id") in CALL_IDS:
-                    outcomes[f"{m['chat_id']}/{m['call_id']}"].add(result["outcome"])
+                if result is None or m.get("call_id") not in CALL_IDS:
+                    continue
+                call = f"{m['chat_id']}/{m['call_id']}"
+                outcomes[call].add(result["outcome"])
+                if result["outcome"] == "completed":
+                    problem = self._not_completed(m["chat_id"], m["call_id"], result)
+                    if problem is not None:
+                        tag = COMPLETED_AFTER_CANCEL if result["canceled"] else ""
+                        out.append(f"{tag}{call} ended completed but {problem}")
+                        if result["canceled"]:
+                            stopped.add(call)
         for call, seen in outcomes.items():
             if len(seen) > 1:
                 out.append(f"{call} has different results: {seen}")
             if seen & {"not_run", "denied"} and runs[call]:
                 out.append(f"{call} ended {seen} but its command ran")
             if seen == {"completed"} and runs[call] != 1:
-                out.append(f"{call} completed but ran {runs[call]} times")
+                # A stopped command may be killed before its marker line: that is the same
+                # lie as its `completed` result, and counted as that (never a second run).
+                tag = COMPLETED_AFTER_CANCEL if call in stopped and not runs[call] else ""
+                out.append(f"{tag}{call} completed but ran {runs[call]} times")
         return out
+
+    @staticmethod
+    def _not_completed(chat: str, call_id: str, result: Message) -> str | None:
+        """What a `completed` result of a fuzz command says that contradicts it: such a command
+        ran to its end on its own, so it exited 0, no signal, not canceled, all it prints in
+        `output` (no fuzz command prints near `result_output_bytes`)."""
+        printed = command_for(chat, call_id)[1]
+        data = result.get("data") or {}
+        if result["canceled"] or data.get("signal") is not None:
+            return f"was stopped (canceled {result['canceled']}, signal {data.get('signal')})"
+        if data.get("exit_code") != 0:
+            return f"exited {data.get('exit_code')}"
+        if result["output"] != printed or result["output_bytes"] != len(printed.encode()):
+            return f"its output is {result['output']!r} ({result['output_bytes']} bytes)"
+        return None
 
 
 call_ids = st.sampled_from(CALL_IDS)

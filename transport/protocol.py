@@ -44,6 +44,7 @@ ErrorCode = Literal[
     "unknown_call",
     "not_parked",
     "over_limit",
+    "chat_closed",
     "internal",
 ]
 
@@ -52,7 +53,17 @@ ErrorCode = Literal[
 # `approval_scope`: `approve.scope` "chat" approves a tool for the whole chat (9.5).
 # `expected_sha256`: file digests and write preconditions (9.4).
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
-FEATURES = ("stdin", "pty", "kill_after", "approval_scope", "expected_sha256", "http_status")
+# `stdin`, `pty`, `kill_after`: interactive commands and hard deadlines (9.1, 9.2).
+# `close_chat`: ending a chat's calls and processes in one request (9.6).
+FEATURES = (
+    "stdin",
+    "pty",
+    "kill_after",
+    "approval_scope",
+    "expected_sha256",
+    "close_chat",
+    "http_status",
+)
 
 
 class _ClientMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
@@ -128,7 +139,11 @@ class Interrupt(_ClientMessage, tag="interrupt"):
     turn_id: TurnId | None = None
 
 
-ClientMessage = Call | Attach | Detach | Cancel | Approve | Turn | Interrupt
+class CloseChat(_ClientMessage, tag="close_chat"):
+    chat_id: ChatId
+
+
+ClientMessage = Call | Attach | Detach | Cancel | Approve | Turn | Interrupt | CloseChat
 
 
 def bad_id_path(message: ClientMessage) -> str | None:
@@ -136,6 +151,8 @@ def bad_id_path(message: ClientMessage) -> str | None:
     (PROTOCOL.md 9.9), or None when every id is."""
     if not message.chat_id.isprintable():
         return "$.chat_id"
+    if isinstance(message, CloseChat):
+        return None
     if isinstance(message, Call | Attach | Detach | Approve):
         return None if message.call_id.isprintable() else "$.call_id"
     if isinstance(message, Cancel):
@@ -160,6 +177,7 @@ CLIENT_MESSAGE_TYPES: tuple[type[_ClientMessage], ...] = (
     Approve,
     Turn,
     Interrupt,
+    CloseChat,
 )
 
 
@@ -290,6 +308,13 @@ class Interrupted(_AgentMessage, tag="interrupted"):
     rid: Rid = None
 
 
+class ChatClosed(_AgentMessage, tag="chat_closed"):
+    chat_id: str
+    call_ids: list[str]
+    process_ids: list[str]
+    rid: Rid = None
+
+
 class Error(_AgentMessage, tag="error"):
     code: ErrorCode
     message: str
@@ -310,6 +335,7 @@ AgentMessage = (
     | TurnPlan
     | TurnResult
     | Interrupted
+    | ChatClosed
     | Error
 )
 AGENT_MESSAGE_TYPES: tuple[type[_AgentMessage], ...] = (
@@ -324,5 +350,6 @@ AGENT_MESSAGE_TYPES: tuple[type[_AgentMessage], ...] = (
     TurnPlan,
     TurnResult,
     Interrupted,
+    ChatClosed,
     Error,
 )

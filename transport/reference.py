@@ -75,6 +75,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         ],
     },
     "interrupt": {"type": "interrupt", "rid": 3, "chat_id": "chat-7", "turn_id": "turn-1"},
+    "close_chat": {"type": "close_chat", "rid": 4, "chat_id": "chat-7"},
     "welcome": {
         "type": "welcome",
         "protocol": 1,
@@ -104,6 +105,13 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "kill_grace_ms": 2000,
         },
         "features": list(protocol.FEATURES),
+    },
+    "chat_closed": {
+        "type": "chat_closed",
+        "rid": 4,
+        "chat_id": "chat-7",
+        "call_ids": ["call-1"],
+        "process_ids": ["call-1", "server"],
     },
     "accepted": {
         "type": "accepted",

@@ -98,15 +98,18 @@ class Server:
                 task_status.started(self.port)
                 await trio.serve_listeners(self._handle, listeners, handler_nursery=connections)
 
-    async def shutdown(self, grace_s: float = 1.5) -> None:
-        """Stop accepting, close every connection with 1001, end running process groups."""
+    async def shutdown(self) -> None:
+        """PROTOCOL.md 9.3: stop accepting connections and requests, stop every running call
+        and process group and save their results durably (the agent's part), then close every
+        connection with 1001."""
         self._closing = True
         if self._listen_scope is not None:
             self._listen_scope.cancel()
+        if self.agent.ready:
+            await self.agent.shutdown()
         async with trio.open_nursery() as nursery:
             for session in list(self._sessions):
                 nursery.start_soon(session.close, CLOSE_GOING_AWAY, "agent shutting down")
-            nursery.start_soon(self.agent.stop_processes, grace_s)
         if self._connections is not None:
             self._connections.cancel_scope.cancel()
 
@@ -318,6 +321,7 @@ class Session:
             protocol.Approve: self._on_approve,
             protocol.Turn: self._on_turn,
             protocol.Interrupt: self._on_interrupt,
+            protocol.CloseChat: self._on_close_chat,
         }
 
     async def run(self) -> None:
@@ -456,6 +460,9 @@ class Session:
     def _on_interrupt(self, m: protocol.Interrupt) -> None:
         self.agent.interrupt(self.outbox, m.chat_id, m.turn_id, m.rid)
 
+    def _on_close_chat(self, m: protocol.CloseChat) -> None:
+        self.agent.close_chat(self.outbox, m.chat_id, m.rid)
+
     async def _sender(self) -> None:
         outbox = self.outbox
         encode = self.codec.encode_bytes
@@ -570,6 +577,13 @@ def to_wire(event: events.Event) -> Any:
         case events.InterruptedEvent():
             return protocol.Interrupted(
                 chat_id=event.chat_id, turn_id=event.turn_id, call_ids=event.call_ids, rid=event.rid
+            )
+        case events.ChatClosedEvent():
+            return protocol.ChatClosed(
+                chat_id=event.chat_id,
+                call_ids=event.call_ids,
+                process_ids=event.process_ids,
+                rid=event.rid,
             )
         case events.ErrorEvent():
             return protocol.Error(

@@ -299,6 +299,15 @@ class ClientAPI:
         assert request.interrupted is not None
         return request.interrupted.call_ids
 
+    async def close_chat(self, chat_id: str) -> protocol.ChatClosed:
+        """Close the chat (PROTOCOL.md 9.6): its unresolved calls end, its processes are
+        stopped; returns the agent's `chat_closed` (the calls it ended, the processes it
+        stopped). A new call in it fails with `chat_closed` until its records are forgotten."""
+        request = self._state.close_chat(chat_id)
+        await self._roundtrip(request)
+        assert request.chat_closed is not None
+        return request.chat_closed
+
     # -- plumbing ------------------------------------------------------------------------------
 
     async def _roundtrip(self, request: RequestState) -> None:

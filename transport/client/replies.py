@@ -67,6 +67,11 @@ def apply(state: ClientState, message: Any) -> None:
             del state.pending[request.rid]
             request.interrupted = message
             request.finish()
+    elif isinstance(message, protocol.ChatClosed):
+        if request is not None and request.kind == "close_chat":
+            del state.pending[request.rid]
+            request.chat_closed = message
+            request.finish()
     elif isinstance(message, protocol.Error):
         _on_error(state, message, request)
     # A `welcome` is only the first message of a connection (the shell reads it), and the

@@ -16,7 +16,7 @@ __all__ = ["MAX_BACKOFF_ATTEMPT", "SUBSCRIBING", "Key", "Kind", "RequestState", 
 MAX_BACKOFF_ATTEMPT: Final = 32
 
 Key = tuple[str, str]
-Kind = Literal["call", "attach", "cancel", "approve", "turn", "interrupt"]
+Kind = Literal["call", "attach", "cancel", "approve", "turn", "interrupt", "close_chat"]
 # Requests that make a connection follow a call or a turn.
 SUBSCRIBING: Final = frozenset({"call", "attach", "turn"})
 
@@ -39,6 +39,7 @@ class RequestState:
     cancel_ids: list[str] = field(default_factory=list)
     cancel_results: dict[str, protocol.CancelResult] = field(default_factory=dict)
     interrupted: protocol.Interrupted | None = None
+    chat_closed: protocol.ChatClosed | None = None
     resolved: protocol.ApprovalResolved | None = None
 
     def finish(self, error: BaseException | None = None) -> None:

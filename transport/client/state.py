@@ -115,6 +115,10 @@ class ClientState:
         message = protocol.Interrupt(rid=self.next_rid(), chat_id=chat_id, turn_id=turn_id)
         return self._request("interrupt", message)
 
+    def close_chat(self, chat_id: str) -> RequestState:
+        message = protocol.CloseChat(rid=self.next_rid(), chat_id=chat_id)
+        return self._request("close_chat", message)
+
     def turn(self, message: protocol.Turn) -> tuple[RequestState, TurnHandle]:
         """A repeat of a turn this client follows attaches it (plan again, the same calls'
         events): our handles follow them already, and an error (a `conflict` for other calls)

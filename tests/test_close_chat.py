@@ -1,0 +1,89 @@
+"""`close_chat` (PROTOCOL.md 9.6) through a real server: every unresolved call ends as by
+`interrupt`, every process of the chat is stopped (also background and timed-out ones), the
+requester gets `chat_closed`, and the chat takes nothing new until its records are forgotten."""
+
+from __future__ import annotations
+
+import trio
+
+from tests.conftest import LiveServer
+from tests.oswatch import alive
+from tests.wsclient import of, wait_for
+
+TEST_DEADLINE_S = 20.0
+NOT_RUN_TEXT = "tool call was canceled before it ran; no changes were made"
+
+
+def call(chat_id: str, call_id: str, tool: str, args: dict[str, object]) -> dict[str, object]:
+    return {"type": "call", "chat_id": chat_id, "call_id": call_id, "tool": tool, "args": args}
+
+
+async def test_close_chat_ends_every_call_and_stops_every_process(live: LiveServer) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            bg = await conn.call(
+                "c", "bg", "execute", {"command": "exec sleep 100"},
+                background=True,
+            )  # fmt: skip
+            timed = await conn.call(
+                "c", "slow", "execute", {"command": "exec sleep 100"},
+                timeout_ms=200,
+            )  # fmt: skip
+            fg_command = "echo up; exec sleep 100"
+            await conn.send(call("c", "fg", "execute", {"command": fg_command}))
+            await wait_for(conn, lambda m: m["type"] == "output" and m["call_id"] == "fg")
+            gated = {"path": "never", "content": "x"}
+            await conn.send(call("c", "gate", "write_file", gated) | {"approval": True})
+            await wait_for(conn, of("approval", "gate"))
+            other = {"command": "exec sleep 100"}
+            await conn.send(call("other", "o", "execute", other) | {"background": True})
+            await wait_for(conn, of("result", "o"))
+            # Each command `exec`s its sleep: the pid `started` gave is the sleep's.
+            pids = {
+                name: (await wait_for(conn, of("started", call_id)))["pid"]
+                for name, call_id in (("bg", "bg"), ("slow", "slow"), ("fg", "fg"), ("other", "o"))
+            }
+
+            await conn.send({"type": "close_chat", "chat_id": "c", "rid": "x"})
+            closed = await wait_for(conn, lambda m: m["type"] == "chat_closed")
+            fg = await wait_for(conn, of("result", "fg"))
+            gate = await wait_for(conn, of("result", "gate"))
+            refused = await conn.call("c", "new", "read_file", {"path": "never"})
+            again = await conn.call(
+                "c", "bg", "execute", {"command": "exec sleep 100"},
+                background=True,
+            )  # fmt: skip
+            other_chat = await conn.call("other", "o2", "process_list", {})
+    assert closed["rid"] == "x" and closed["chat_id"] == "c"
+    assert sorted(closed["call_ids"]) == ["fg", "gate"]
+    assert sorted(closed["process_ids"]) == ["bg", "fg", "slow"]
+    # Every call has its one result, and each says what happened.
+    assert bg["outcome"] == "completed" and timed["outcome"] == "timed_out"
+    assert fg["outcome"] == "canceled" and fg["canceled"] is True
+    assert (gate["outcome"], gate["text"]) == ("not_run", NOT_RUN_TEXT)
+    assert [m["type"] for m in conn.seen if m.get("call_id") == "fg"].count("result") == 1
+    # Every process of the chat is gone; the other chat's runs on.
+    assert not any(alive(pids[name]) for name in ("bg", "slow", "fg"))
+    assert alive(pids["other"])
+    assert other_chat["outcome"] == "completed"
+    # Nothing new starts in it; a retry of an old call gets its saved result.
+    assert refused["type"] == "error" and refused["code"] == "chat_closed"
+    assert again == bg
+
+
+async def test_a_closed_chat_whose_records_are_forgotten_is_gone(live: LiveServer) -> None:
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            await conn.call("c", "r", "read_file", {"path": "missing"})
+            await conn.send({"type": "close_chat", "chat_id": "c", "rid": 1})
+            closed = await wait_for(conn, lambda m: m["type"] == "chat_closed")
+            refused = await conn.call("c", "r2", "read_file", {"path": "missing"})
+            chat = live.agent.chats["c"]
+            # Its records age past forget_after_s: forgotten by the sweeper, the chat is gone.
+            for record in chat.records:
+                record.touched_at -= live.agent.ctx.limits.forget_after_s + 1
+            live.agent.sweep()
+            anew = await conn.call("c", "r3", "read_file", {"path": "missing"})
+    assert closed["call_ids"] == [] and closed["process_ids"] == []
+    assert refused["code"] == "chat_closed"
+    assert anew["type"] == "result"
