@@ -1080,6 +1080,12 @@ class ChatState:
         record = self.records.get(event.call_id)
         if record is not None and not record.done:
             record.cancel_requested = False
+        if group is not None and not group.output_closed:
+            # What the call left running (a background child holding the pipe) is stopped all
+            # the same, as a cancel of an ended call stops it (5.3): the reply waits for it.
+            # The call itself keeps its real result (not `canceled`: the cancel did not end it).
+            group.stopping = "term"
+            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False))
 
     def _on_group_empty(self, event: GroupEmpty | GraceOver) -> None:
         """The grace is over (or nothing is left to give it to): SIGKILL whatever is left, so

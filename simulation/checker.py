@@ -19,14 +19,21 @@ e  streamed output, joined by offsets, is exactly what the process printed: ever
    event's text is the printed bytes at its offset, offsets are contiguous per connection
    (a repeated request may rewind them; nothing is skipped), and before a live-followed call's
    `result` the connection has everything up to the result's `output_bytes`;
-f  no gated call has an effect before an `approve` of it in the same agent generation; a gate
-   is resolved at most once per connection, with one decision per generation; `denied` and
-   "not approved in time" results match an answer or an approval timeout;
+f  no gated call has an effect before an `approve` of it in the same agent generation, or an
+   approval with scope "chat" of its tool in its chat that is in force (PROTOCOL.md 9.5:
+   from the accepted `approve` on, and after a restart only when it was journaled and the chat
+   has records); a call of such a tool requested while the approval is in force never parks;
+   a gate is resolved at most once per connection, with one decision per generation; `denied`
+   and "not approved in time" results match an answer or an approval timeout;
 g  no connection receives an event of a chat (or call) it never named;
 i  interrupts: one `interrupted` per request, after the requester's results and turn results
    of what it ended; no call named before an interrupt has an effect after it;
 k  cancels: one `cancel_result` per call id per request, with the call's one result;
 l  liveness: every orchestrator finished, no request left unanswered at the end;
+p  process groups (PROTOCOL.md 5.3): no SIGKILL reaches a group less than the kill grace
+   after its first SIGTERM, and a member alive at that SIGTERM whose cleanup is shorter than
+   the grace finishes it; no member is alive when a `canceled` result, or the `cancel_result`
+   of a cancel that found the group running, is sent;
 w  no write lost on the files read-modify-write cycles share: every write that took place
    expected (expected_sha256) exactly the bytes the file held, and every completed write's
    bytes are the file's final content or were expected by a write after it.
@@ -48,7 +55,7 @@ from toolwire.actors.results import (
     TEXT_APPROVAL_EXPIRED,
     Result,
 )
-from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, SimProcess
+from toolwire.simulation.processes import CRASH_KILL, SPAWN_OSERROR, SPAWN_RAISES, SimProcess
 from toolwire.simulation.scenario import CallPlan
 from toolwire.simulation.trace import (
     BOOT,
@@ -57,7 +64,9 @@ from toolwire.simulation.trace import (
     EFFECT,
     EV,
     OPEN,
+    REJECT,
     REQ,
+    SIGNAL,
     ApproveReq,
     AttachReq,
     CallReq,
@@ -71,6 +80,8 @@ from toolwire.simulation.trace import (
 from toolwire.simulation.world import EPOCH_MS
 
 EFFECTFUL = frozenset({"execute", "write_file", "edit_files"})
+# Slack for virtual-time sums (a deadline computed as now + grace by another path).
+_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -100,8 +111,11 @@ class Checker:
         end_time: float,
         stuck: list[str],
         shared_files: dict[str, bytes] | None = None,
+        kill_grace_s: float | None = None,
     ) -> None:
         self.entries = entries
+        # The agent's kill grace (PROTOCOL.md 5.3): invariant (p), when known.
+        self.kill_grace_s = kill_grace_s
         # The files read-modify-write cycles share, with their initial bytes: invariant (w).
         self.shared_files = shared_files or {}
         self.calls = calls
@@ -199,6 +213,15 @@ class Checker:
         naming: dict[tuple[int, str, str], list[tuple[int, int, int, bool]]] = defaultdict(list)
         restored: set[tuple[int, str, str]] = set()
         errored: set[int] = set()
+        refused: set[int] = set()  # REQ entries the agent refused (REJECT)
+        # approve{approved: true, scope: "chat"} requests: (entry, gen, chat, call_id)
+        scope_approves: list[tuple[int, int, str, str]] = []
+        boots: list[tuple[int, int, set[str], tuple[tuple[str, str], ...]]] = []
+        parked_seen: list[tuple[int, int, str, str]] = []  # (entry, conn, chat, call_id)
+        signals: dict[Key, list[tuple[int, float, str]]] = defaultdict(list)
+        cancel_results: list[tuple[int, float, int, Key]] = []  # (entry, time, rid, key)
+        canceled_seen: dict[Key, tuple[int, float]] = {}  # first event with a canceled result
+        req_time: dict[int, float] = {}  # rid -> when the agent first applied it
 
         def same_result(key: Key, result: Result, idx: int, where: str) -> None:
             seen = canonical.get(key)
@@ -252,6 +275,8 @@ class Checker:
                         )
                     same_result((ev.chat_id, ev.call_id), ev.result, idx, "result")
                     r = ev.result
+                    if r.outcome.value == "canceled":
+                        canceled_seen.setdefault((ev.chat_id, ev.call_id), (idx, entry[1]))
                     if (
                         ck in live_stream
                         and ck not in detached
@@ -266,6 +291,8 @@ class Checker:
                             idx,
                         )
                 elif isinstance(ev, events.AcceptedEvent):
+                    if ev.state == "awaiting_approval":
+                        parked_seen.append((idx, conn, ev.chat_id, ev.call_id))
                     accepted[ck] += 1
                     accepted_events.append((idx, conn, ev))
                     if rid is not None:
@@ -307,6 +334,7 @@ class Checker:
                     if not self.processes.get((ev.chat_id, ev.call_id)):
                         fail("c.started_without_process", f"started for {short(call_id)}", idx)
                 elif isinstance(ev, events.ApprovalEvent):
+                    parked_seen.append((idx, conn, ev.chat_id, ev.call_id))
                     if ck not in named_call:
                         fail("g.foreign_call", f"c{conn} got approval of {short(call_id)}", idx)
                 elif isinstance(ev, events.ApprovalResolvedEvent):
@@ -336,6 +364,9 @@ class Checker:
                 elif isinstance(ev, events.CancelResultEvent):
                     cancel_rx[(conn, rid or 0, ev.call_id)] += 1
                     same_result((ev.chat_id, ev.call_id), ev.result, idx, "cancel_result")
+                    cancel_results.append((idx, entry[1], rid or 0, (ev.chat_id, ev.call_id)))
+                    if ev.result.outcome.value == "canceled":
+                        canceled_seen.setdefault((ev.chat_id, ev.call_id), (idx, entry[1]))
                     if not ev.received and ev.result.outcome.value not in ("not_run", "canceled"):
                         fail(
                             "k.unreceived_outcome",
@@ -360,6 +391,8 @@ class Checker:
                         )
                     for call, result in zip(ids, ev.results, strict=False):
                         same_result((ev.chat_id, call), result, idx, f"turn_result {ev.turn_id}")
+                        if result.outcome.value == "canceled":
+                            canceled_seen.setdefault((ev.chat_id, call), (idx, entry[1]))
                 elif isinstance(ev, events.InterruptedEvent):
                     interrupted_rx[(conn, rid or 0)] += 1
                     for call in ev.call_ids:
@@ -403,6 +436,7 @@ class Checker:
                 req_count[(conn, req.rid)] += 1
                 req_by_rid[req.rid] = req
                 req_by_rid_idx.setdefault(req.rid, idx)
+                req_time.setdefault(req.rid, entry[1])
                 named_chat.add((conn, req.chat))
                 if isinstance(req, CallReq):
                     key = (req.chat, req.spec.call_id)
@@ -448,6 +482,8 @@ class Checker:
                 elif isinstance(req, ApproveReq):
                     named_call.add((conn, req.chat, req.call_id))
                     approvals[(req.chat, req.call_id)].append((idx, g, req.approved))
+                    if req.approved and req.scope == "chat":
+                        scope_approves.append((idx, g, req.chat, req.call_id))
                 elif isinstance(req, InterruptReq):
                     interrupt_reqs.append((idx, conn, g, req))
                 elif isinstance(req, DetachReq):
@@ -456,6 +492,10 @@ class Checker:
                     live_stream.discard(ck)
             elif kind == EFFECT:
                 effects[(entry[3], entry[4])].append((idx, entry[1], entry[2], entry[5]))
+            elif kind == SIGNAL:
+                signals[(entry[3], entry[4])].append((idx, entry[1], entry[5]))
+            elif kind == REJECT:
+                refused.add(entry[3])
             elif kind == OPEN:
                 conn_gen[entry[2]] = gen
             elif kind == CLOSE:
@@ -464,6 +504,7 @@ class Checker:
                 crashes.append(idx)
             elif kind == BOOT:
                 gen = entry[2]
+                boots.append((idx, gen, {row[0] for row in entry[3]}, entry[4]))
                 for chat, call, turn_id, _state in entry[3]:
                     restored.add((gen, chat, call))
                     requested_in_gen[(gen, chat)].append((idx, call, turn_id))
@@ -557,6 +598,22 @@ class Checker:
                     key = (ireq.chat, call)
                     cancel_named[key] = min(cancel_named.get(key, idx), idx)
 
+        # -- (f) approvals with scope "chat" ---------------------------------------------------
+        in_force = self._scope_approvals(scope_approves, refused, boots)
+        for idx, conn, chat, call in parked_seen:
+            g = conn_gen.get(conn, 0)
+            plan = self.calls.get((chat, call))
+            first = first_in_gen.get((g, chat, call))
+            since = in_force.get((g, chat, plan.tool)) if plan is not None else None
+            if since is not None and first is not None and since < first:
+                fail(
+                    "f.parked_despite_scope",
+                    f"{chat_label(chat)}/{short(call)} parked at a gate, but its tool "
+                    f"{plan.tool if plan else '?'} was approved for the chat (entry {since}) "
+                    f"before it was requested (entry {first})",
+                    idx,
+                )
+
         # -- (a), (c), (f): effects against results ------------------------------------------
         for key, effs in sorted(effects.items()):
             if len(effs) > 1:
@@ -569,7 +626,10 @@ class Checker:
             plan = self.calls.get(key)
             if plan is not None and plan.gated:
                 for eidx, _, egen, _ in effs:
-                    ok = any(yes and g == egen and aidx < eidx for aidx, g, yes in approvals[key])
+                    ok = (
+                        any(yes and g == egen and aidx < eidx for aidx, g, yes in approvals[key])
+                        or in_force.get((egen, key[0], plan.tool), eidx) < eidx
+                    )
                     if not ok:
                         fail(
                             "f.ran_without_approval",
@@ -610,6 +670,10 @@ class Checker:
                             pidx,
                         )
 
+        # -- (p) process groups ---------------------------------------------------------------
+        self._group_grace(signals)
+        self._group_gone(effects, cancel_results, canceled_seen, req_by_rid_idx, req_time)
+
         # -- (w) no write lost -----------------------------------------------------------------
         for path, initial in sorted(self.shared_files.items()):
             self._no_lost_write(path, initial, canonical, effects)
@@ -618,6 +682,131 @@ class Checker:
         for text in self.stuck:
             fail("l.stuck", text)
         return self.violations
+
+    def _scope_approvals(
+        self,
+        scope_approves: list[tuple[int, int, str, str]],
+        refused: set[int],
+        boots: list[tuple[int, int, set[str], tuple[tuple[str, str], ...]]],
+    ) -> dict[tuple[int, str, str], int]:
+        """Where each approval with scope "chat" is in force (PROTOCOL.md 9.5): (generation,
+        chat, tool) -> the trace entry from which it is. In the generation that granted it,
+        from the `approve` the agent accepted (one it refused, say `not_parked`, grants
+        nothing); in a later one, from its boot, when the journal kept it (it was committed
+        before the crash) and the chat has records (it lasts while the chat has records). A
+        journaled approval no accepted `approve` granted is a violation of its own."""
+        in_force: dict[tuple[int, str, str], int] = {}
+        granted: dict[tuple[str, str], int] = {}
+        for idx, g, chat, call in scope_approves:
+            plan = self.calls.get((chat, call))
+            if idx in refused or plan is None:
+                continue
+            in_force.setdefault((g, chat, plan.tool), idx)
+            granted.setdefault((chat, plan.tool), idx)
+        for bidx, g, chats, journaled in boots:
+            for chat, tool in journaled:
+                if granted.get((chat, tool), bidx) >= bidx:
+                    self.fail(
+                        "f.scope_unfounded",
+                        f"the journal approves {tool} for chat {chat_label(chat)}, which no "
+                        "accepted approve with scope chat granted",
+                        bidx,
+                    )
+                elif chat in chats:
+                    in_force[(g, chat, tool)] = min(in_force.get((g, chat, tool), bidx), bidx)
+        return in_force
+
+    def _group_grace(self, signals: dict[Key, list[tuple[int, float, str]]]) -> None:
+        """(p) Every member of a group has the kill grace from the SIGTERM that stops it
+        (PROTOCOL.md 5.3): no SIGKILL reaches a group less than the grace after its first
+        SIGTERM (`p.grace_cut`), and a member that was alive at that SIGTERM and cleans up in
+        less than the grace finishes its cleanup, so its marker is written (`p.cleanup_cut`).
+        A member the shell started after that SIGTERM gets only what is left of the grace.
+        Groups a `process_signal` call names are left out (its signals are not a stop), and so
+        are the kills of a crash (the simulated host's, never recorded as the agent's)."""
+        grace = self.kill_grace_s
+        if grace is None:
+            return
+        signalled = {
+            (chat, str(plan.args.get("process_id")))
+            for (chat, _), plan in self.calls.items()
+            if plan.tool == "process_signal"
+        }
+        for key, sent in sorted(signals.items()):
+            if key in signalled:
+                continue
+            label = f"{chat_label(key[0])}/{short(key[1])}"
+            terms = [t for _, t, name in sent if name != "SIGKILL"]
+            for idx, t, name in sent:
+                if name == "SIGKILL" and not any(s + grace <= t + _EPS for s in terms):
+                    first = f"its first SIGTERM came at {terms[0]:.4f}s" if terms else "no SIGTERM"
+                    self.fail(
+                        "p.grace_cut",
+                        f"{label}: SIGKILL reached the group at {t:.4f}s, {first} (kill grace "
+                        f"{grace}s)",
+                        idx,
+                    )
+            if not terms:
+                continue
+            for proc in self.processes.get(key, []):
+                for n, member in enumerate(proc.members):
+                    cleanup = member.spec.term_cleanup
+                    if (
+                        member.term_at is None
+                        or abs(member.term_at - terms[0]) > _EPS
+                        or cleanup is None
+                        or cleanup >= grace - _EPS
+                        or member.killed_by == CRASH_KILL
+                        or member.cleaned_up
+                    ):
+                        continue
+                    self.fail(
+                        "p.cleanup_cut",
+                        f"{label}: member {n} of the group got SIGTERM at {member.term_at:.4f}s "
+                        f"and needed {cleanup:.3f}s to clean up (kill grace {grace}s), but was "
+                        f"killed at {member.killed_at or 0.0:.4f}s: its cleanup never finished",
+                        next((i for i, t, name in sent if name == "SIGKILL"), None),
+                    )
+
+    def _group_gone(
+        self,
+        effects: dict[Key, list[tuple[int, float, int, str]]],
+        cancel_results: list[tuple[int, float, int, Key]],
+        canceled_seen: dict[Key, tuple[int, float]],
+        req_by_rid_idx: dict[int, int],
+        req_time: dict[int, float],
+    ) -> None:
+        """(p) A cancel waits until the group is empty (PROTOCOL.md 5.3): no member of a
+        call's group is alive when a result saying `canceled` is sent, nor when the
+        `cancel_result` of a cancel is sent that found the group still running (its shell, or
+        a member holding the output pipe, as a background child does), whatever the outcome."""
+
+        def spawned(key: Key, before: int) -> list[SimProcess]:
+            spawns = [eidx for eidx, _, _, what in effects.get(key, []) if what == "spawn"]
+            procs = self.processes.get(key, [])
+            return [p for eidx, p in zip(spawns, procs, strict=False) if eidx < before]
+
+        for key, (idx, t) in sorted(canceled_seen.items()):
+            for proc in spawned(key, idx):
+                if proc.group_alive_at(t):
+                    self.fail(
+                        "p.member_alive",
+                        f"{chat_label(key[0])}/{short(key[1])}: a canceled result was sent at "
+                        f"{t:.4f}s while a member of its process group was still alive",
+                        idx,
+                    )
+        for idx, t, rid, key in cancel_results:
+            req_idx, applied = req_by_rid_idx.get(rid), req_time.get(rid)
+            if req_idx is None or applied is None:
+                continue
+            for proc in spawned(key, req_idx):
+                if proc.pipe_open_at(applied) and proc.group_alive_at(t):
+                    self.fail(
+                        "p.member_alive",
+                        f"{chat_label(key[0])}/{short(key[1])}: cancel_result sent at {t:.4f}s "
+                        "while a member of the group the cancel found running was still alive",
+                        idx,
+                    )
 
     def _no_lost_write(
         self,
@@ -1018,6 +1207,7 @@ def check(
     end_time: float,
     stuck: list[str],
     shared_files: dict[str, bytes] | None = None,
+    kill_grace_s: float | None = None,
 ) -> list[Violation]:
     return Checker(
         entries,
@@ -1028,4 +1218,5 @@ def check(
         end_time=end_time,
         stuck=stuck,
         shared_files=shared_files,
+        kill_grace_s=kill_grace_s,
     ).run()

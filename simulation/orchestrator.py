@@ -331,7 +331,11 @@ class ChatDriver:
                 return  # left to expire (the agent has an approval timeout)
             assert call.call_id is not None
             req = ApproveReq(
-                self.chat.chat_id, self.rid(), call.call_id, call.decision == "approve"
+                self.chat.chat_id,
+                self.rid(),
+                call.call_id,
+                call.decision == "approve",
+                call.scope,
             )
             if self.world.plan.replicas > 1 and self.rng.random() < 0.3:
                 # Another replica answers (the user clicked in another browser tab).

@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from toolwire.actors.chat_state import ChatState
-from toolwire.actors.effects import AttachRequest, CallRequest, TurnRequest
+from toolwire.actors.effects import (
+    AttachRequest,
+    CallRequest,
+    GroupEmpty,
+    ProcessExited,
+    TurnRequest,
+)
 from toolwire.actors.records import RecordState, ToolCallRecord
 from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
 
@@ -85,10 +91,30 @@ class WriteIgnoresExpected(ChatState):
         super()._on_call(req)
 
 
+class KillGroupAtLeaderExit(ChatState):
+    """A cancel's SIGKILL follows as soon as the shell exits (the defect of issue 13): the other
+    members of the group get no grace, so a child cleaning up after SIGTERM is killed midway."""
+
+    def _on_process_exited(self, event: ProcessExited) -> None:
+        super()._on_process_exited(event)
+        self._kill_if_leader_gone(event.call_id)
+
+    def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
+        super()._stop_group(call_id, unless_exited=unless_exited)
+        if not unless_exited:  # a leftover group (5.3's done row): its shell is long gone
+            self._kill_if_leader_gone(call_id)
+
+    def _kill_if_leader_gone(self, call_id: str) -> None:
+        group = self.groups.get(call_id)
+        if group is not None and group.stopping == "term" and group.leader_exited:
+            self._on_group_empty(GroupEmpty(call_id))
+
+
 PLANTED: dict[str, type[ChatState]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
     "lost-output-chunk": LostOutputChunk,
     "turn-missing-result": TurnMissingResult,
     "write-ignores-expected": WriteIgnoresExpected,
+    "kill-group-at-leader-exit": KillGroupAtLeaderExit,
 }

@@ -1,14 +1,21 @@
 """Scripted processes in virtual time, plugged in through `actors.processes.ProcessBackend`.
 
-A `Script` says what a command does: which bytes it prints at which (virtual) times, when it
-exits and with which code, whether it ignores SIGTERM, and whether starting it fails. A
-`SimProcess` plays the script against trio's clock. Its state is a pure function of time and
-of the signals it received, so nothing runs in the background: the chat actor's own pump and
-reaper tasks wake up at the scripted instants (MockClock jumps straight to them).
+A `Script` says what a command does: which bytes its shell prints at which (virtual) times,
+when the shell exits and with which code, whether the shell ignores SIGTERM, whether starting
+it fails, and which other processes (`Member`s) it leaves in its process group. A `SimProcess`
+plays the script against trio's clock. Its state is a pure function of time and of the signals
+it received, so nothing runs in the background: the chat actor's own pump and reaper tasks
+wake up at the scripted instants (MockClock jumps straight to them).
 
-Signals are honoured like a shell's process group: SIGKILL always ends it; SIGTERM and the other
-catchable signals end it unless the script ignores them. A process ends with its printed bytes:
-everything scheduled up to its end, nothing after.
+Signals go to the whole process group, as `killpg` sends them. SIGKILL ends every member at
+once. SIGTERM (and the other catchable signals) end the shell unless the script ignores them;
+each member reacts on its own: it exits at once, ignores the signal, or traps it and exits
+after a cleanup of its own length (`sh -c 'trap "sleep 0.3; echo cleaned > marker" TERM; ...'`),
+whose side effect (the marker) exists only when the cleanup ran to its end. The shell's exit
+does not end its members: a child may outlive it (`sleep 60 &`), and the group lives until its
+last member is gone. Every process prints only while it lives: everything scheduled up to its
+end, nothing after. The output pipe reaches end of file when the shell and every member that
+holds the pipe are gone.
 """
 
 from __future__ import annotations
@@ -28,20 +35,74 @@ from toolwire.actors.terminal import DEFAULT_EOF_CHAR, TerminalSize
 SPAWN_OSERROR = "oserror"
 SPAWN_RAISES = "raises"
 
+# How a process died when its agent crashed: the simulated host killed it, not the agent.
+CRASH_KILL = "crash"
+
+# The writer of a shell's chunk in the merged output timeline (members are 0, 1, ...).
+_SHELL = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Another process of a command's group (a child of the shell), relative to the command's
+    start. It starts only if the shell still runs at `start`."""
+
+    start: float  # seconds after the command started (> 0)
+    duration: float  # its natural lifetime from its own start (it may outlive the shell)
+    # On SIGTERM (or another catchable signal): exits after this many seconds of cleanup (0: at
+    # once); None: ignores it. A second signal during the cleanup changes nothing.
+    term_cleanup: float | None = 0.0
+    holds_pipe: bool = True  # keeps the output pipe open (else it writes elsewhere)
+    chunks: tuple[tuple[float, bytes], ...] = ()  # printed to the pipe, after its own start
+
 
 @dataclass(frozen=True, slots=True)
 class Script:
     """What one simulated command does, relative to its start."""
 
-    chunks: tuple[tuple[float, bytes], ...]  # (seconds after start, bytes), times < duration
+    chunks: tuple[tuple[float, bytes], ...]  # the shell's (seconds after start, bytes)
     duration: float
     exit_code: int = 0
     ignores_term: bool = False
     spawn_error: str | None = None  # SPAWN_OSERROR / SPAWN_RAISES
+    members: tuple[Member, ...] = ()
+
+
+class MemberRun:
+    """One member of a running group: its state, a function of time and the signals it got."""
+
+    __slots__ = ("end_at", "killed_at", "killed_by", "spec", "start_at", "term_at")
+
+    def __init__(self, spec: Member, started: float) -> None:
+        self.spec = spec
+        self.start_at = started + spec.start
+        self.end_at = self.start_at + spec.duration  # natural exit
+        self.term_at: float | None = None  # the first catchable signal it handles
+        self.killed_at: float | None = None  # SIGKILL (or the agent's crash) ended it here
+        self.killed_by: str | None = None
 
     @property
-    def output(self) -> bytes:
-        return b"".join(data for _, data in self.chunks)
+    def cleanup_done_at(self) -> float | None:
+        """When its cleanup ends, once a SIGTERM started one (its trap then exits: the rest of
+        its natural life no longer happens)."""
+        if self.term_at is None or self.spec.term_cleanup is None:
+            return None
+        return self.term_at + self.spec.term_cleanup
+
+    @property
+    def death(self) -> float:
+        done = self.cleanup_done_at
+        end = self.end_at if done is None else done
+        if self.killed_at is not None and self.killed_at < end:
+            return self.killed_at
+        return end
+
+    @property
+    def cleaned_up(self) -> bool:
+        """True when a SIGTERM started its cleanup and the cleanup ran to its end (its marker
+        was written): it was not killed first."""
+        done = self.cleanup_done_at
+        return done is not None and (self.killed_at is None or self.killed_at >= done)
 
 
 class SimStdin:
@@ -93,29 +154,44 @@ class SimProcess:
         script: Script,
         pid: int,
         started: float,
+        on_signal: Callable[[SimProcess, str], None] | None = None,
+        reap_delay_s: float = 0.0,
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
     ) -> None:
         self.script = script
+        # How long after the shell's exit `wait` returns: the moment a real agent sees a zombie
+        # (`poll_exited`) before its reap task has run.
+        self.reap_delay_s = reap_delay_s
         self.pid: int | None = pid
         self.stdin: SimStdin | None = (
             SimStdin(self, terminal) if stdin or terminal is not None else None
         )
         self.started = started
-        self._times = [started + dt for dt, _ in script.chunks]
-        self._data = [data for _, data in script.chunks]
-        self.end_at = started + script.duration  # natural exit
-        self.killed_at: float | None = None  # a signal (or the agent's crash) ended it here
+        self.end_at = started + script.duration  # the shell's natural exit
+        self.killed_at: float | None = None  # a signal (or the agent's crash) ended the shell
         self.killed_by: str | None = None
-        self._read = 0  # chunks handed to the reader
+        self.members = [MemberRun(m, started) for m in script.members]
+        # Every chunk printed to the pipe, by time: (time, writer, bytes), the shell's first.
+        timeline = [(started + dt, _SHELL, data) for dt, data in script.chunks]
+        for index, member in enumerate(self.members):
+            if member.spec.holds_pipe:
+                timeline += [(member.start_at + dt, index, d) for dt, d in member.spec.chunks]
+        timeline.sort(key=lambda chunk: (chunk[0], chunk[1]))
+        self._timeline = timeline
+        self._pipe_members = [m for m in self.members if m.spec.holds_pipe]
+        self._read = 0  # timeline entries decided and handed to the reader (or skipped)
         self._changed = trio.Event()
+        self._on_signal = on_signal
         self.signals: list[tuple[float, str]] = []
+        self.owner: tuple[str, str] = ("", "")  # (chat_id, call_id), set by whoever spawned it
 
     # -- state, a function of time -------------------------------------------------------------
 
     @property
     def death(self) -> float:
+        """When the shell exits (or exited)."""
         if self.killed_at is not None and self.killed_at < self.end_at:
             return self.killed_at
         return self.end_at
@@ -123,48 +199,92 @@ class SimProcess:
     def alive(self, now: float) -> bool:
         return now < self.death
 
+    def member_exists(self, member: MemberRun) -> bool:
+        """A member is started by the shell: only if the shell still ran at its start."""
+        return member.start_at < self.death
+
+    def member_alive(self, member: MemberRun, now: float) -> bool:
+        return member.start_at <= now < member.death and self.member_exists(member)
+
+    def group_alive_at(self, now: float) -> bool:
+        return now < self.death or any(self.member_alive(m, now) for m in self.members)
+
     def status(self) -> ExitStatus:
         if self.killed_at is not None and self.killed_at < self.end_at:
             return ExitStatus(exit_code=None, signal=self.killed_by)
         return ExitStatus(exit_code=self.script.exit_code, signal=None)
 
-    def printed_count(self, now: float) -> int:
-        """How many chunks the command has written by `now` (all of them once it ended)."""
-        limit = min(now, self.death)
-        count = 0
-        for t in self._times:
-            if t > limit:
-                break
-            count += 1
-        return count
+    def _printed_chunk(self, t: float, writer: int) -> bool:
+        """Whether the chunk of `writer` due at `t` (<= now) was printed: its writer lived."""
+        if writer == _SHELL:
+            return t <= self.death
+        member = self.members[writer]
+        return t <= member.death and self.member_exists(member)
 
     def printed(self, now: float) -> bytes:
-        return b"".join(self._data[: self.printed_count(now)])
+        """Every byte the group wrote to the pipe by `now`, in order."""
+        return b"".join(
+            data
+            for t, writer, data in self._timeline
+            if t <= now and self._printed_chunk(t, writer)
+        )
+
+    def _pipe_closed(self, now: float) -> bool:
+        """Every writer of the pipe is gone (end of file once the pipe is drained)."""
+        if now < self.death:
+            return False
+        return not any(self.member_alive(m, now) for m in self._pipe_members)
+
+    def pipe_open_at(self, now: float) -> bool:
+        """The shell runs, or a member that holds the output pipe does (the agent still
+        reads this process's output)."""
+        return not self._pipe_closed(now)
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
     def kill(self, now: float, sig: str) -> None:
+        """The shell alone dies of `sig` now (if it still runs)."""
         if now < self.death:
             self.killed_at = now
             self.killed_by = sig
             self._wake()
 
+    def crash(self, now: float) -> None:
+        """The agent died: the simulated host kills the whole group at once."""
+        for member in self.members:
+            if self.member_alive(member, now):
+                member.killed_at, member.killed_by = now, CRASH_KILL
+        self.kill(now, "SIGKILL")
+        self._wake()
+
     # -- SpawnedProcess ------------------------------------------------------------------------
 
     def _take(self, now: float) -> bytes:
-        ready = self.printed_count(now)
-        if ready <= self._read:
-            return b""
+        timeline = self._timeline
         pieces: list[bytes] = []
         size = 0
-        while self._read < ready and size < READ_CHUNK_BYTES:
-            piece = self._data[self._read]
-            pieces.append(piece)
-            size += len(piece)
+        while self._read < len(timeline) and size < READ_CHUNK_BYTES:
+            t, writer, data = timeline[self._read]
+            if t > now:
+                break
             self._read += 1
+            if self._printed_chunk(t, writer):
+                pieces.append(data)
+                size += len(data)
         return b"".join(pieces)
+
+    def _next_change(self, now: float) -> float:
+        """The next instant the pipe may have something new to say: a chunk falls due, or a
+        writer exits (which may close the pipe)."""
+        wake = self.death if now < self.death else float("inf")
+        if self._read < len(self._timeline):
+            wake = min(wake, self._timeline[self._read][0])
+        for member in self._pipe_members:
+            if self.member_alive(member, now):
+                wake = min(wake, member.death)
+        return wake
 
     async def read_some(self) -> bytes:
         while True:
@@ -172,12 +292,12 @@ class SimProcess:
             data = self._take(now)
             if data:
                 return data
-            if now >= self.death:
-                return b""  # every writer closed the pipe
-            wake = self.death
-            if self._read < len(self._times):
-                wake = min(wake, self._times[self._read])
-            with trio.move_on_at(wake):
+            if self._pipe_closed(now):
+                # Every writer closed the pipe. Chunks still due later on the timeline are never
+                # printed: their writers died first.
+                self._read = len(self._timeline)
+                return b""
+            with trio.move_on_at(self._next_change(now)):
                 await self._changed.wait()
 
     def read_available(self) -> bytes:
@@ -187,6 +307,8 @@ class SimProcess:
         while True:
             now = trio.current_time()
             if now >= self.death:
+                if self.reap_delay_s:
+                    await trio.sleep_until(self.death + self.reap_delay_s)
                 return self.status()
             with trio.move_on_at(self.death):
                 await self._changed.wait()
@@ -196,16 +318,25 @@ class SimProcess:
 
     def signal_group(self, sig: signal.Signals) -> bool:
         now = trio.current_time()
-        if now >= self.death:
+        if not self.group_alive_at(now):
             return False
         self.signals.append((now, sig.name))
+        if self._on_signal is not None:
+            self._on_signal(self, sig.name)
+        for member in self.members:
+            if not self.member_alive(member, now):
+                continue
+            if sig is signal.SIGKILL:
+                member.killed_at, member.killed_by = now, sig.name
+            elif member.spec.term_cleanup is not None and member.term_at is None:
+                member.term_at = now  # its trap runs; it exits when the cleanup is done
         if sig is signal.SIGKILL or not self.script.ignores_term:
             self.kill(now, sig.name)
+        self._wake()
         return True
 
     def group_alive(self) -> bool:
-        # A simulated command is its whole process group: the group lives as long as it does.
-        return trio.current_time() < self.death
+        return self.group_alive_at(trio.current_time())
 
     def close(self) -> None:
         pass
@@ -213,15 +344,21 @@ class SimProcess:
 
 class SimBackend:
     """The world's process backend: looks the script up by its command line and records every
-    start in the side-effect ledger (through `on_spawn`)."""
+    start in the side-effect ledger (through `on_spawn`) and every signal sent to a group (through
+    `on_signal`)."""
 
     def __init__(
         self,
         scripts: Mapping[str, Script],
         on_spawn: Callable[[str, SimProcess], None],
+        on_signal: Callable[[SimProcess, str], None] | None = None,
+        *,
+        reap_delay_s: float = 0.0,
     ) -> None:
         self._scripts = scripts
+        self._reap_delay_s = reap_delay_s
         self._on_spawn = on_spawn
+        self._on_signal = on_signal
         self._next_pid = 1000
         self.running: list[SimProcess] = []
 
@@ -242,7 +379,13 @@ class SimBackend:
             raise RuntimeError("simulated: the process backend failed")
         self._next_pid += 1
         proc = SimProcess(
-            script, self._next_pid, trio.current_time(), stdin=stdin, terminal=terminal
+            script,
+            self._next_pid,
+            trio.current_time(),
+            self._on_signal,
+            self._reap_delay_s,
+            stdin=stdin,
+            terminal=terminal,
         )
         self.running.append(proc)
         self._on_spawn(command, proc)
@@ -251,5 +394,5 @@ class SimBackend:
     def kill_all(self, now: float) -> None:
         """The agent died: its process groups die with it (the simulated host reaps them)."""
         for proc in self.running:
-            proc.kill(now, "SIGKILL")
+            proc.crash(now)
         self.running.clear()

@@ -119,6 +119,7 @@ def run_world(
             end_time=end[0],
             stuck=stuck,
             shared_files={p: plan.files[p] for p in SHARED_FILES if p in plan.files},
+            kill_grace_s=plan.kill_grace_s,
         )
         result.violations = [str(v) for v in violations]
         for error in stop_errors:

@@ -12,9 +12,10 @@ import itertools
 import random
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from toolwire.actors.chat import CallSpec
-from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Script
+from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Member, Script
 from toolwire.transport.ids import tool_call_ids
 
 
@@ -58,6 +59,12 @@ class Scenario:
     rmw_cycles: float = 1.0
     # Runs whose connections go through the real WebSocket server (simulation/wire.py).
     wire_share: float = 0.1
+    # Commands that leave other processes in their group (children, background members), each
+    # with its own reaction to SIGTERM (PROTOCOL.md 5.3: the cancel's grace is the group's).
+    group_share: float = 0.4
+    # Approvals sent with scope "chat" (PROTOCOL.md 9.5): of the approving answers, and of the
+    # denying ones (where the scope must change nothing).
+    scope_chat_share: float = 0.3
 
 
 DEFAULT = Scenario("default", "a mix of everything")
@@ -163,6 +170,7 @@ class CallPlan:
     approval: bool = False
     gated: bool = False
     decision: str = "approve"  # approve / deny / ignore (leave the gate to expire)
+    scope: Literal["call", "chat"] = "call"  # the answer's scope: call / chat (PROTOCOL.md 9.5)
     decision_delay: float = 0.5
     script: Script | None = None
     fail: str | None = None  # "before" / "after": the file tool raises inside the agent
@@ -465,6 +473,8 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
             faults.append((rng.uniform(0, s.horizon_s), kind))
     faults.sort()
     _plan_rmw_cycles(random.Random(f"{seed}/rmw"), s, chats)
+    _plan_groups(random.Random(f"{seed}/groups"), s, chats)
+    _plan_scopes(random.Random(f"{seed}/scopes"), s, chats)
     files.update(SHARED_FILES)
     return Plan(
         seed=seed,
@@ -500,6 +510,92 @@ def _plan_rmw_cycles(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> 
                 if rng.random() < share:
                     message.moves.append((rng.uniform(0, 0.5), move))
             chat.messages.insert(rng.randint(0, len(chat.messages)), message)
+
+
+def _plan_groups(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Give some commands other members in their process group. A stream of its own, so that
+    the rest of a seed's plan is what it was before groups existed."""
+    for chat in chats:
+        for message in chat.messages:
+            for call in message.calls:
+                script = call.script
+                if script is None or script.spawn_error is not None:
+                    continue
+                if rng.random() < s.group_share:
+                    members = tuple(
+                        make_member(rng, call.token, k, script.duration)
+                        for k in range(rng.choice((1, 1, 2, 3)))
+                    )
+                    chunks = script.chunks
+                    if any(m.chunks for m in members):
+                        # Another writer's line in the middle of a character would make the
+                        # stream invalid UTF-8: the shell writes whole characters here.
+                        chunks = whole_characters(chunks)
+                    call.script = replace(script, chunks=chunks, members=members)
+
+
+def whole_characters(chunks: tuple[tuple[float, bytes], ...]) -> tuple[tuple[float, bytes], ...]:
+    """The same bytes, with a character split across two chunks moved whole into the later."""
+    out: list[tuple[float, bytes]] = []
+    carry = b""
+    for t, data in chunks:
+        data = carry + data
+        cut = len(data) - _incomplete_tail(data)
+        carry = data[cut:]
+        if cut:
+            out.append((t, data[:cut]))
+    if carry:  # unreachable for whole outputs; kept so that no byte is ever lost
+        out.append((chunks[-1][0], carry))
+    return tuple(out)
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a character that is not complete."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:
+            return 0
+        if byte >= 0xC0:
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return back if back < need else 0
+    return 0
+
+
+def make_member(rng: random.Random, token: str, k: int, shell_s: float) -> Member:
+    """A child the shell waits for (it ends before the shell), or a background one that may
+    outlive it; it exits at SIGTERM, ignores it, or traps it and cleans up for a while (shorter
+    or longer than the kill grace, which is 0.2-2 s)."""
+    # Most children start at once (a build's compiler, a test runner's workers), some later.
+    early = rng.random() < 0.6
+    start = rng.uniform(0.0005, max(0.001, shell_s * (0.05 if early else 0.5)))
+    if rng.random() < 0.6:
+        duration = max(0.0005, (shell_s - start) * rng.uniform(0.5, 0.98))
+        holds_pipe = rng.random() < 0.8
+    else:
+        duration = max(0.0005, shell_s - start) + rng.uniform(0.1, 20.0)
+        holds_pipe = rng.random() < 0.5
+    cleanup = rng.choices((0.0, rng.uniform(0.005, 3.0), None), weights=(25, 60, 15))[0]
+    chunks: tuple[tuple[float, bytes], ...] = ()
+    if holds_pipe:
+        chunks = tuple(
+            sorted(
+                (
+                    rng.uniform(0, duration * 0.98),
+                    f"{token} m{k}.{i} {rng.choice(_TEXT_PIECES)}\n".encode(),
+                )
+                for i in range(rng.randint(0, 2))
+            )
+        )
+    return Member(start, duration, cleanup, holds_pipe, chunks)
+
+
+def _plan_scopes(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Answer some gates with scope "chat". A stream of its own, like the cycles'."""
+    for chat in chats:
+        for message in chat.messages:
+            for call in message.calls:
+                if call.gated and call.decision != "ignore" and rng.random() < s.scope_chat_share:
+                    call.scope = "chat"
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

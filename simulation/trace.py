@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -58,6 +58,9 @@ class ApproveReq:
     rid: int
     call_id: str
     approved: bool
+    scope: Literal["call", "chat"] = (
+        "call"  # "chat": the call's tool in the whole chat (PROTOCOL.md 9.5)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,8 @@ CLOSE = "close"  # conn                      orderly close at the end of the run
 CRASH = "crash"  # gen                       the agent of generation gen died
 BOOT = "boot"  # gen, restored              a new agent started on the same journal
 EFFECT = "effect"  # gen, chat, call_id, what  a side effect happened (spawn / write / edit)
+SIGNAL = "signal"  # gen, chat, call_id, name   the agent signalled a call's process group
+REJECT = "reject"  # gen, req_entry, code        the agent refused the request (an `error`)
 FAULT = "fault"  # kind, detail
 NOTE = "note"  # text
 
@@ -162,7 +167,8 @@ def request_text(req: Request) -> str:
         case CancelReq():
             return f"cancel #{req.rid} {chat} [{' '.join(short(c) for c in req.call_ids)}]"
         case ApproveReq():
-            return f"approve #{req.rid} {chat} {short(req.call_id)} approved={req.approved}"
+            scope = f" scope={req.scope}" if req.scope != "call" else ""
+            return f"approve #{req.rid} {chat} {short(req.call_id)} approved={req.approved}{scope}"
         case TurnReq():
             calls = " | ".join(_spec_text(s) for s in req.specs)
             stream = "" if req.stream else " stream=false"
@@ -243,6 +249,10 @@ def entry_text(entry: Entry) -> str:
         return head + f"g{entry[2]} agent boot ({len(restored)} records in the journal)"
     if kind == EFFECT:
         return head + f"g{entry[2]} EFFECT {entry[5]} {chat_label(entry[3])} {short(entry[4])}"
+    if kind == SIGNAL:
+        return head + f"g{entry[2]} SIGNAL {entry[5]} {chat_label(entry[3])} {short(entry[4])}"
+    if kind == REJECT:
+        return head + f"g{entry[2]} refused request of entry {entry[3]}: {entry[4]}"
     if kind == FAULT:
         return head + f"   fault {entry[2]} {entry[3]}"
     if kind == NOTE:

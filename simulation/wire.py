@@ -13,12 +13,13 @@ saw them, not as they were queued on a socket), then passes it on unchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolwire.actors import events
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.outbox import Outbox
-from toolwire.actors.results import Outcome, Result
+from toolwire.actors.results import Outcome, Result, ToolwireError
 from toolwire.simulation.trace import (
     ApproveReq,
     AttachReq,
@@ -49,23 +50,48 @@ class RecordingAgent:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._agent, name)
 
+    def _apply(self, outbox: Outbox, req: Request, apply: Callable[[], None]) -> None:
+        """Record the request, apply it, and record a refusal (the Session's `error`) with it:
+        the checker must know what the agent refused even when the reply is lost."""
+        entry = self._world.applied(outbox, req)
+        try:
+            apply()
+        except ToolwireError as exc:
+            self._world.rejected(entry, exc.code)
+            raise
+        except Exception:
+            self._world.rejected(entry, "internal")
+            raise
+
     def call(self, outbox: Outbox, chat_id: str, spec: CallSpec, *, stream: bool, rid: Any) -> None:
-        self._world.applied(outbox, CallReq(chat_id, rid, spec, stream))
-        self._agent.call(outbox, chat_id, spec, stream=stream, rid=rid)
+        self._apply(
+            outbox,
+            CallReq(chat_id, rid, spec, stream),
+            lambda: self._agent.call(outbox, chat_id, spec, stream=stream, rid=rid),
+        )
 
     def attach(
         self, outbox: Outbox, chat_id: str, call_id: str, from_offset: int, rid: Any
     ) -> None:
-        self._world.applied(outbox, AttachReq(chat_id, rid, call_id, from_offset))
-        self._agent.attach(outbox, chat_id, call_id, from_offset, rid)
+        self._apply(
+            outbox,
+            AttachReq(chat_id, rid, call_id, from_offset),
+            lambda: self._agent.attach(outbox, chat_id, call_id, from_offset, rid),
+        )
 
     def detach(self, outbox: Outbox, chat_id: str, call_id: str) -> None:
-        self._world.applied(outbox, DetachReq(chat_id, 0, call_id))
-        self._agent.detach(outbox, chat_id, call_id)
+        self._apply(
+            outbox,
+            DetachReq(chat_id, 0, call_id),
+            lambda: self._agent.detach(outbox, chat_id, call_id),
+        )
 
     def cancel(self, outbox: Outbox, chat_id: str, call_ids: list[str], rid: Any) -> None:
-        self._world.applied(outbox, CancelReq(chat_id, rid, tuple(call_ids)))
-        self._agent.cancel(outbox, chat_id, call_ids, rid)
+        self._apply(
+            outbox,
+            CancelReq(chat_id, rid, tuple(call_ids)),
+            lambda: self._agent.cancel(outbox, chat_id, call_ids, rid),
+        )
 
     def approve(
         self,
@@ -75,10 +101,13 @@ class RecordingAgent:
         approved: bool,
         rid: Any,
         reason: str | None = None,
-        scope: str = "call",
+        scope: Literal["call", "chat"] = "call",
     ) -> None:
-        self._world.applied(outbox, ApproveReq(chat_id, rid, call_id, approved))
-        self._agent.approve(outbox, chat_id, call_id, approved, rid, reason, scope)
+        self._apply(
+            outbox,
+            ApproveReq(chat_id, rid, call_id, approved, scope),
+            lambda: self._agent.approve(outbox, chat_id, call_id, approved, rid, reason, scope),
+        )
 
     def turn(
         self,
@@ -90,12 +119,18 @@ class RecordingAgent:
         stream: bool,
         rid: Any,
     ) -> None:
-        self._world.applied(outbox, TurnReq(chat_id, rid, turn_id, tuple(specs), stream))
-        self._agent.turn(outbox, chat_id, turn_id, specs, stream=stream, rid=rid)
+        self._apply(
+            outbox,
+            TurnReq(chat_id, rid, turn_id, tuple(specs), stream),
+            lambda: self._agent.turn(outbox, chat_id, turn_id, specs, stream=stream, rid=rid),
+        )
 
     def interrupt(self, outbox: Outbox, chat_id: str, turn_id: str | None, rid: Any) -> None:
-        self._world.applied(outbox, InterruptReq(chat_id, rid, turn_id))
-        self._agent.interrupt(outbox, chat_id, turn_id, rid)
+        self._apply(
+            outbox,
+            InterruptReq(chat_id, rid, turn_id),
+            lambda: self._agent.interrupt(outbox, chat_id, turn_id, rid),
+        )
 
 
 def _spec(spec: CallSpec) -> protocol.CallSpec:
@@ -135,7 +170,11 @@ def to_message(req: Request) -> Any:
             return protocol.Cancel(chat_id=req.chat, call_ids=list(req.call_ids), rid=req.rid)
         case ApproveReq():
             return protocol.Approve(
-                chat_id=req.chat, call_id=req.call_id, approved=req.approved, rid=req.rid
+                chat_id=req.chat,
+                call_id=req.call_id,
+                approved=req.approved,
+                scope=req.scope,
+                rid=req.rid,
             )
         case TurnReq():
             return protocol.Turn(

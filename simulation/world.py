@@ -47,7 +47,9 @@ from toolwire.simulation.trace import (
     EV,
     LOST,
     OPEN,
+    REJECT,
     REQ,
+    SIGNAL,
     ApproveReq,
     AttachReq,
     CallReq,
@@ -309,7 +311,7 @@ class World:
             random.Random(f"{plan.seed}/journal"),
             read_rng=random.Random(f"{plan.seed}/journal-reads"),
         )
-        self.backend = SimBackend(self.scripts, self._on_spawn)
+        self.backend = SimBackend(self.scripts, self._on_spawn, self._on_signal)
         self.ctx = AgentContext(
             workspace=workspace,
             approve_tools=plan.approve_tools,
@@ -363,11 +365,15 @@ class World:
         restored = tuple(
             (row.chat_id, row.call_id, row.turn_id, row.state) for row in self.journal.rows.values()
         )
+        # The tools chats approved with scope "chat" that are on disk (PROTOCOL.md 9.5).
+        approvals = tuple(self.journal.approvals)
+        # Before the agent starts: its recovery may already run calls (a gate a restored
+        # approval opens), and their effects belong after the boot.
+        self.trace.add(BOOT, self.now(), self.gen, restored, approvals)
         self.agent = await self._nursery.start(self._run_agent, agent)
         if self.wire:
             config = ServerConfig(host="sim", port=0, token=None)
             self.server = Server(RecordingAgent(self, agent), config)  # type: ignore[arg-type]
-        self.trace.add(BOOT, self.now(), self.gen, restored)
         self.agent_up.set()
 
     async def crash(self) -> None:
@@ -524,14 +530,18 @@ class World:
         if conn.alive:
             self.drop(conn, "closed by the agent", fault=False)
 
-    def applied(self, outbox: Outbox, req: Request) -> None:
-        """The server's Session hands a request to the agent (wire runs)."""
+    def applied(self, outbox: Outbox, req: Request) -> int:
+        """The server's Session hands a request to the agent (wire runs): its trace entry."""
         conn = self.outbox_conn.get(outbox)
         if conn is None:
             conn = self.rid_conn[req.rid]
             conn.outbox = outbox
             self.outbox_conn[outbox] = conn
-        self.trace.add(REQ, self.now(), self.gen, conn.id, req)
+        return self.trace.add(REQ, self.now(), self.gen, conn.id, req)
+
+    def rejected(self, entry: int, code: str) -> None:
+        """The agent refused the request of trace entry `entry` (the client gets an `error`)."""
+        self.trace.add(REJECT, self.now(), self.gen, entry, code)
 
     async def _reader(self, conn: Conn) -> None:
         outbox = conn.outbox
@@ -569,7 +579,7 @@ class World:
             self.rid_conn[req.rid] = conn
             conn.link.send.send_nowait(conn.link.codec.encode(to_message(req)))
             return True
-        self.trace.add(REQ, self.now(), self.gen, conn.id, req)
+        entry = self.trace.add(REQ, self.now(), self.gen, conn.id, req)
         outbox = conn.outbox
         assert outbox is not None
         call_id: str | None = None
@@ -588,7 +598,9 @@ class World:
                     agent.cancel(outbox, req.chat, list(req.call_ids), req.rid)
                 case ApproveReq():
                     call_id = req.call_id
-                    agent.approve(outbox, req.chat, req.call_id, req.approved, req.rid)
+                    agent.approve(
+                        outbox, req.chat, req.call_id, req.approved, req.rid, None, req.scope
+                    )
                 case TurnReq():
                     agent.turn(
                         outbox,
@@ -601,8 +613,10 @@ class World:
                 case InterruptReq():
                     agent.interrupt(outbox, req.chat, req.turn_id, req.rid)
         except ToolwireError as exc:
+            self.rejected(entry, exc.code)
             outbox.put(events.ErrorEvent(exc.code, exc.message, req.rid, req.chat, call_id))
         except Exception as exc:  # what the Session answers with `internal`
+            self.rejected(entry, "internal")
             outbox.put(
                 events.ErrorEvent(
                     "internal", f"{type(exc).__name__}: {exc}", req.rid, req.chat, call_id
@@ -614,8 +628,13 @@ class World:
 
     def _on_spawn(self, command: str, proc: SimProcess) -> None:
         chat_id, call_id, _ = self.owners[command]
+        proc.owner = (chat_id, call_id)
         self.processes.setdefault((chat_id, call_id), []).append(proc)
         self.trace.add(EFFECT, self.now(), self.gen, chat_id, call_id, "spawn")
+
+    def _on_signal(self, proc: SimProcess, name: str) -> None:
+        chat_id, call_id = proc.owner
+        self.trace.add(SIGNAL, self.now(), self.gen, chat_id, call_id, name)
 
     def register_call(self, chat_id: str, call: CallPlan) -> None:
         """A call a driver made at run time (a read-modify-write step): known to the ledger and

@@ -22,14 +22,19 @@ from hypothesis import strategies as st
 
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.chat import CallSpec
-from toolwire.actors.events import AcceptedEvent, TurnResultEvent
+from toolwire.actors.chat_state import ChatState
+from toolwire.actors.events import AcceptedEvent, CancelResultEvent, TurnResultEvent
 from toolwire.actors.journal import JournalRow
 from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import Result
 from toolwire.cli.main import main as toolwire
 from toolwire.simulation.journal import SimJournal
 from toolwire.simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
 from toolwire.simulation.planted import PLANTED
+from toolwire.simulation.processes import Member, Script, SimBackend, SimProcess
 from toolwire.simulation.runner import SeedResult, run_world
+from toolwire.simulation.scenario import SCENARIOS, make_plan
+from toolwire.simulation.trace import short
 
 # Codes of runtime bugs the simulator found and the runtime's owner has not fixed yet: each needs
 # a strict xfail reproduction below; the clean-run tests tolerate exactly these codes meanwhile.
@@ -140,6 +145,7 @@ def test_the_trace_does_not_depend_on_what_ran_before() -> None:
         ("lost-output-chunk", "e.output_gap"),
         ("turn-missing-result", "d.turn_result_count"),
         ("write-ignores-expected", "w.lost_write"),
+        ("kill-group-at-leader-exit", "p.cleanup_cut"),
     ],
 )
 def test_each_planted_bug_is_caught_within_50_seeds(plant: str, expected: str) -> None:
@@ -157,7 +163,124 @@ def test_every_planted_bug_has_a_test() -> None:
         "lost-output-chunk",
         "turn-missing-result",
         "write-ignores-expected",
+        "kill-group-at-leader-exit",
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Process groups (PROTOCOL.md 5.3) and approvals with scope "chat" (9.5) in the simulation
+
+# A shell that dies at SIGTERM, with two children: one traps SIGTERM and cleans up for 0.3 s,
+# printing "cleaned" to the pipe at the end of its cleanup, as `trap "sleep 0.3; echo cleaned"
+# TERM` does (when canceled at 0.5 s); one ignores SIGTERM.
+_CLEANUP_S = 0.3
+_CANCEL_AT_S = 0.5
+_GROUP_SCRIPT = Script(
+    chunks=((0.0, b"started\n"),),
+    duration=60.0,
+    members=(
+        Member(0.01, 60.0, _CLEANUP_S, True, ((_CANCEL_AT_S + _CLEANUP_S - 0.02, b"cleaned\n"),)),
+        Member(0.01, 60.0, None, False),
+    ),
+)
+
+
+def _cancel_a_group(state_class: type[ChatState]) -> tuple[SimProcess, float, Result]:
+    """Run the group's command in the real agent on the simulated backend, cancel it at 0.5 s
+    (virtual), and return the process, when the cancel_result came, and its result."""
+    spawned: list[SimProcess] = []
+    backend = SimBackend({"group": _GROUP_SCRIPT}, lambda _, proc: spawned.append(proc))
+    ctx = AgentContext(workspace=tempfile.mkdtemp(), backend=backend, kill_grace_s=2.0)
+
+    async def main() -> tuple[float, Result]:
+        agent = Agent(ctx, state_class=state_class)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            out = Outbox()
+            spec = CallSpec("x", "execute", {"command": "group"})
+            agent.call(out, "c", spec, stream=True, rid=1)
+            await trio.sleep_until(_CANCEL_AT_S)
+            assert spawned and spawned[0].group_alive()
+            agent.cancel(out, "c", ["x"], 2)
+            while True:
+                await out.wait()
+                for event in out.take():
+                    if isinstance(event, CancelResultEvent):
+                        assert not spawned[0].group_alive() or state_class is not ChatState
+                        nursery.cancel_scope.cancel()
+                        return trio.current_time(), event.result
+        raise AssertionError("no cancel_result")
+
+    at, result = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return spawned[0], at, result
+
+
+def test_a_cancel_gives_every_member_of_the_group_the_kill_grace() -> None:
+    proc, replied_at, result = _cancel_a_group(ChatState)
+    trapper, ignorer = proc.members
+    # The shell died of the SIGTERM at once; its child finished its cleanup (and printed), the
+    # one that ignores SIGTERM was killed when the grace was over, and only then came the reply.
+    assert proc.death == _CANCEL_AT_S
+    assert trapper.cleaned_up
+    assert ignorer.killed_at == _CANCEL_AT_S + 2.0
+    assert replied_at >= ignorer.killed_at and not proc.group_alive_at(replied_at)
+    assert result.outcome.value == "canceled" and result.output == "started\ncleaned\n"
+
+
+def test_the_planted_group_bug_cuts_the_cleanup_short() -> None:
+    # The old cancel (SIGKILL as soon as the shell exits): what the test above rules out.
+    proc, _, result = _cancel_a_group(PLANTED["kill-group-at-leader-exit"])
+    trapper, _ = proc.members
+    assert not trapper.cleaned_up and trapper.killed_at == _CANCEL_AT_S
+    assert result.output == "started\n"
+
+
+def test_a_cancel_between_the_shells_exit_and_its_reap_stops_what_the_call_left_running() -> None:
+    # The shell exits at 1 s and is reaped 1 ms later; its background child keeps the pipe.
+    script = Script(((0.0, b"x\n"),), 1.0, members=(Member(0.01, 60.0, 0.0, True),))
+    spawned: list[SimProcess] = []
+    backend = SimBackend({"bg": script}, lambda _, proc: spawned.append(proc), reap_delay_s=0.001)
+    ctx = AgentContext(workspace=tempfile.mkdtemp(), backend=backend, kill_grace_s=2.0)
+
+    async def main() -> bool:
+        agent = Agent(ctx)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            out = Outbox()
+            agent.call(out, "c", CallSpec("x", "execute", {"command": "bg"}), stream=True, rid=1)
+            await trio.sleep_until(1.0005)  # a zombie: exited, not reaped
+            agent.cancel(out, "c", ["x"], 2)
+            while True:
+                await out.wait()
+                if any(isinstance(e, CancelResultEvent) for e in out.take()):
+                    nursery.cancel_scope.cancel()
+                    return spawned[0].group_alive()
+        raise AssertionError("no cancel_result")
+
+    assert not trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_the_simulation_approves_with_scope_chat_and_gated_calls_run_on_it() -> None:
+    """Drivers answer some gates with scope "chat": the tool's other gates in the chat then open,
+    and its later calls there pass without a gate, so gated calls run with no approve of their
+    own, which invariant (f) accepts only because of that approval. Answers that meet a gate
+    already opened are refused (`not_parked`) and grant nothing."""
+    ran_on_scope = refused = 0
+    for seed in range(20):
+        result = run_world(seed, "approvals", keep_trace=True)
+        assert not unexpected(result), f"seed {seed}: {unexpected(result)[:3]}"
+        assert result.trace is not None
+        plan = make_plan(seed, SCENARIOS["approvals"])
+        gated = {short(c.call_id) for _, _, c in plan.calls() if c.gated and c.call_id}
+        approved: set[str] = set()
+        for line in result.trace:
+            words = line.split()
+            if "-> approve " in line and "approved=True" in line:
+                approved.add(words[words.index("approve") + 3])
+            elif " EFFECT " in line and words[-1] in gated and words[-1] not in approved:
+                ran_on_scope += 1
+            refused += " refused request " in line and "not_parked" in line
+    assert ran_on_scope > 20 and refused > 10, (ran_on_scope, refused)
 
 
 # ---------------------------------------------------------------------------------------------
