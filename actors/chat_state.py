@@ -523,24 +523,11 @@ class ChatState:
         ]
         for record in targets:
             self._cancel_one(record.call_id)
-        watched = [*targets, *ending]
-        for record in watched:
-            record.pin()
 
-        def ready() -> bool:
-            return all(r.published for r in watched) and all(t.done for t in turns)
+        def interrupted(ended: list[str]) -> Event:
+            return InterruptedEvent(self.chat_id, turn_id, ended, req.rid)
 
-        def fire() -> None:
-            for record in watched:
-                record.unpin()
-            # The calls this interrupt ended; one that finished on its own first kept its
-            # real result and was not ended by the interrupt.
-            ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
-            event = InterruptedEvent(self.chat_id, turn_id, ended, req.rid)
-            # Behind any result still being read back for this chat: `interrupted` comes last.
-            self._deliver([], lambda _: [Send(req.conn, event)])
-
-        self._replies.append(_PendingReply(ready, fire))
+        self._reply_when_quiet(req.conn, targets, ending, turns, [], interrupted)
 
     def _on_close_chat(self, req: CloseChatRequest) -> None:
         """Close the chat (9.6): every unresolved call ends as by `interrupt`, every process
@@ -561,6 +548,25 @@ class ChatState:
             stopped.append(call_id)
         for record in targets:
             self._cancel_one(record.call_id)
+
+        def chat_closed(ended: list[str]) -> Event:
+            return ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
+
+        self._reply_when_quiet(req.conn, targets, ending, turns, stopped, chat_closed)
+
+    def _reply_when_quiet(
+        self,
+        conn: Conn,
+        targets: list[ToolCallRecord],
+        ending: list[ToolCallRecord],
+        turns: list[TurnState],
+        stopped: list[str],
+        reply: Callable[[list[str]], Event],
+    ) -> None:
+        """The reply of an interrupt or a close, once what it ended is over: every target and
+        every call ending on its own published, every turn's turn_result sent, every stopped
+        group gone. It names the targets the request ended; one that finished on its own
+        first kept its real result and was not ended by it."""
         watched = [*targets, *ending]
         for record in watched:
             record.pin()
@@ -576,8 +582,9 @@ class ChatState:
             for record in watched:
                 record.unpin()
             ended = [r.call_id for r in targets if r.outcome in (Outcome.CANCELED, Outcome.NOT_RUN)]
-            event = ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
-            self._deliver([], lambda _: [Send(req.conn, event)])
+            event = reply(ended)
+            # Behind any result still being read back for this chat: the reply comes last.
+            self._deliver([], lambda _: [Send(conn, event)])
 
         self._replies.append(_PendingReply(ready, fire))
 
