@@ -202,6 +202,12 @@ class GroupState:
     # Its hard deadline passed with members alive: the stop is the deadline's, not a cancel's.
     killed_after: bool = False
 
+    @property
+    def spent(self) -> bool:
+        """Its shell exited and nothing holds its output pipe: no member that could still
+        print is left to stop."""
+        return self.leader_exited and self.output_closed
+
 
 @dataclass(eq=False, slots=True)
 class TurnState:
@@ -539,13 +545,7 @@ class ChatState:
         turns = [t for t in self.turns.values() if not t.done]
         # The groups first, unconditionally: a command whose shell already exited may have
         # left members, and they go too.
-        stopped: list[str] = []
-        for call_id, group in list(self.groups.items()):
-            if group.leader_exited and group.output_closed and group.stopping is None:
-                continue
-            if group.stopping is None:
-                self._stop_group(call_id, unless_exited=False)
-            stopped.append(call_id)
+        stopped = self._stop_every_group()
         for record in targets:
             self._cancel_one(record.call_id)
 
@@ -986,12 +986,7 @@ class ChatState:
             self._maybe_drop_group(event.call_id, group)
 
     def _maybe_drop_group(self, call_id: str, group: GroupState) -> None:
-        if (
-            group.leader_exited
-            and group.output_closed
-            and group.stopping is None
-            and group.kill_after_ms is None
-        ):
+        if group.spent and group.stopping is None and group.kill_after_ms is None:
             del self.groups[call_id]
 
     def _on_kill_after(self, event: KillAfter) -> None:
@@ -1028,7 +1023,7 @@ class ChatState:
         becomes DONE when the stopped run ends."""
         action, record = self.records.cancel(call_id, self._now)
         group = self.groups.get(call_id)
-        leftover = group is not None and not (group.leader_exited and group.output_closed)
+        leftover = group is not None and not group.spent
         if action is CancelAction.TOMBSTONED:
             self.calls[call_id] = CallState(spec=CallSpec(call_id, "", {}))
             if group is not None and leftover:
@@ -1061,6 +1056,18 @@ class ChatState:
             # kills it "like a running one" (5.3).
             self._stop_group(call_id, unless_exited=False)
         return True, record
+
+    def _stop_every_group(self) -> list[str]:
+        """Stop every group of the chat with something left in it, as a cancel does (also
+        those whose calls returned); returns them all, with those already being stopped."""
+        stopped: list[str] = []
+        for call_id, group in list(self.groups.items()):
+            if group.spent and group.stopping is None:
+                continue
+            if group.stopping is None:
+                self._stop_group(call_id, unless_exited=False)
+            stopped.append(call_id)
+        return stopped
 
     def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
         group = self.groups[call_id]
@@ -1140,13 +1147,7 @@ class ChatState:
         and every group is gone."""
         self.shutting_down = True
         running = [r for r in self.records if r.state is RecordState.RUNNING]
-        stopped: list[str] = []
-        for call_id, group in list(self.groups.items()):
-            if group.leader_exited and group.output_closed and group.stopping is None:
-                continue
-            if group.stopping is None:
-                self._stop_group(call_id, unless_exited=False)
-            stopped.append(call_id)
+        stopped = self._stop_every_group()
         for record in running:
             record.cancel_requested = True
             call = self.calls.get(record.call_id)
