@@ -372,18 +372,42 @@ class _RealProcess:
         self._close_fd("_pidfd")
 
 
-# The Popen path cannot make a terminal the controlling terminal of the child's session (Popen
-# has no such option, and a `preexec_fn` is unsafe in an agent with worker threads), so a tiny
-# isolated Python (`-I -S`: no PYTHON* variables, no site, no cwd on the path) does it, puts back
-# the signal dispositions Python ignores (an ignored signal stays ignored across exec) and execs
-# the command. posix_spawn needs none of it: its child opens the terminal after setsid.
-_CONTROLLING_TERMINAL_HELPER = (
+# The Popen path cannot give the child a clean signal state (Popen's restore_signals puts back
+# only SIGPIPE and SIGXFSZ: an agent started with SIGINT ignored would hand that on, and Ctrl-C
+# on a terminal would do nothing) nor make a terminal the controlling terminal of the child's
+# session, and a `preexec_fn` is unsafe in an agent with worker threads. So a tiny isolated
+# Python (`-I -S`: no PYTHON* variables, no site, no cwd on the path) does both, as posix_spawn
+# does in actors/spawn.py: every signal back to its default, none blocked, then the exec.
+_EXEC_HELPER = (
     "import fcntl, os, signal, sys, termios\n"
-    "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
-    "for name in ('SIGPIPE', 'SIGXFSZ'):\n"
-    "    signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
+    "mode, lc_ctype, argv = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+    "if mode == 'terminal':\n"
+    "    fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+    "for sig in signal.valid_signals():\n"
+    "    try:\n"
+    "        signal.signal(sig, signal.SIG_DFL)\n"
+    "    except (OSError, ValueError):\n"
+    "        pass  # SIGKILL and SIGSTOP: their action cannot change\n"
+    "signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+    # Python's start may coerce the C locale by setting LC_CTYPE (PEP 538, and -I cannot turn
+    # it off): the command gets the variable exactly as it was asked for.
+    "env = dict(os.environ)\n"
+    "env.pop('LC_CTYPE', None)\n"
+    "if lc_ctype.startswith('='):\n"
+    "    env['LC_CTYPE'] = lc_ctype[1:]\n"
+    "os.execve(argv[0], argv, env)\n"
 )
+
+
+def _through_exec_helper(argv: list[str], env: Mapping[str, str], *, terminal: bool) -> list[str]:
+    """`argv` run by `_EXEC_HELPER`. The helper would only print a traceback and exit 1 where
+    Popen raises for a command it cannot run, so this raises Popen's OSError first."""
+    if not os.access(argv[0], os.X_OK):
+        code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
+        raise OSError(code, os.strerror(code), argv[0])
+    mode = "terminal" if terminal else "pipe"
+    lc_ctype = "-" if "LC_CTYPE" not in env else "=" + env["LC_CTYPE"]
+    return [sys.executable, "-I", "-S", "-c", _EXEC_HELPER, mode, lc_ctype, *argv]
 
 
 class RealProcessBackend:
@@ -415,7 +439,7 @@ class RealProcessBackend:
                 pid = self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read)
             else:
                 popen = subprocess.Popen(
-                    argv,
+                    _through_exec_helper(argv, env, terminal=False),
                     stdin=subprocess.DEVNULL if in_read is None else in_read,
                     stdout=write_fd,
                     stderr=write_fd,  # one merged output, as a terminal shows it
@@ -447,13 +471,8 @@ class RealProcessBackend:
             if self._spawner is not None:
                 pid = self._spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
             else:
-                if not os.access(argv[0], os.X_OK):
-                    # What Popen would raise for the command itself; the helper below would
-                    # only print a traceback on the terminal and exit.
-                    code = errno.ENOENT if not os.path.exists(argv[0]) else errno.EACCES
-                    raise OSError(code, os.strerror(code), argv[0])
                 popen = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", _CONTROLLING_TERMINAL_HELPER, *argv],
+                    _through_exec_helper(argv, env, terminal=True),
                     stdin=term.slave,
                     stdout=term.slave,
                     stderr=term.slave,

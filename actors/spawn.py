@@ -8,15 +8,18 @@ Python: re-encoding ~70 environment variables, building the exec list, the error
 module costs 85 us and blocks 140 us. Python's own `os.posix_spawn` is not enough: 3.11 cannot
 set the child's working directory or close inherited descriptors, and `execute` needs both.
 
-The child gets exactly what `RealProcessBackend` asked Popen for (stdin=DEVNULL or a pipe,
-stdout and stderr to one pipe, cwd, env, start_new_session=True, close_fds=True,
-restore_signals=True; or a terminal as all three, see `spawn`):
+The child gets what `RealProcessBackend` asks Popen for (stdin=DEVNULL or a pipe, stdout and
+stderr to one pipe, cwd, env, start_new_session=True, close_fds=True; or a terminal as all
+three, see `spawn`), and a clean signal state:
 - a new session, hence a new process group (POSIX_SPAWN_SETSID): killed as a group;
-- SIGPIPE and SIGXFSZ back to their defaults (Python ignores SIGPIPE, and an ignored signal
-  stays ignored across exec: `yes | head` would never end);
+- every signal back to its default action (POSIX_SPAWN_SETSIGDEF with a full set) and none
+  blocked (POSIX_SPAWN_SETSIGMASK with an empty one). An ignored signal stays ignored across
+  exec, so without this a command would inherit whatever the agent was started with: Python
+  ignores SIGPIPE (`yes | head` would never end), and an agent started in the background by a
+  non-interactive shell ignores SIGINT and SIGQUIT (Ctrl-C typed on a terminal would do
+  nothing), under `nohup` SIGHUP. Popen's restore_signals puts back only SIGPIPE and SIGXFSZ;
 - stdout and stderr onto the pipe, stdin onto /dev/null (or the stdin pipe), then the working
-  directory, then every descriptor from 3 up closed;
-- the signal mask the caller had (glibc restores it in the child, as Popen's vfork path does).
+  directory, then every descriptor from 3 up closed.
 A failure in the child before exec (no such cwd, no such shell) comes back as the OSError Popen
 would raise, with the same errno. Arguments Popen refuses (a NUL byte, `=` in a variable name)
 raise the same ValueError.
@@ -29,23 +32,19 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 # From <spawn.h>; glibc and musl use the same values.
 _POSIX_SPAWN_SETSIGDEF = 0x04
+_POSIX_SPAWN_SETSIGMASK = 0x08
 _POSIX_SPAWN_SETSID = 0x80
 # Opaque C structs, allocated generously: glibc's posix_spawn_file_actions_t is 80 bytes,
 # posix_spawnattr_t 336 and sigset_t 128 on x86_64.
 _FILE_ACTIONS_BYTES = 256
 _ATTR_BYTES = 1024
 _SIGSET_BYTES = 256
-# The signals Popen's restore_signals puts back to their defaults.
-_RESTORED_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)
-)
 _DEV_NULL = os.fsencode(os.devnull)
 
 
@@ -113,17 +112,17 @@ class PosixSpawner:
         self._fa_closefrom.restype = ctypes.c_int
         # One attribute set serves every spawn: it never changes, and posix_spawn only reads it.
         self._attr = ctypes.create_string_buffer(_ATTR_BYTES)
-        sigdefault = ctypes.create_string_buffer(_SIGSET_BYTES)
+        every_signal = ctypes.create_string_buffer(_SIGSET_BYTES)
+        no_signal = ctypes.create_string_buffer(_SIGSET_BYTES)
         _check(libc.posix_spawnattr_init(self._attr))
-        _check(libc.sigemptyset(sigdefault))
-        for sig in _RESTORED_SIGNALS:
-            _check(libc.sigaddset(sigdefault, int(sig)))
-        _check(libc.posix_spawnattr_setsigdefault(self._attr, sigdefault))
-        _check(
-            libc.posix_spawnattr_setflags(
-                self._attr, ctypes.c_short(_POSIX_SPAWN_SETSID | _POSIX_SPAWN_SETSIGDEF)
-            )
-        )
+        # glibc's sigfillset leaves out its internal signals, and the child skips SIGKILL and
+        # SIGSTOP, whose action cannot change.
+        _check(libc.sigfillset(every_signal))
+        _check(libc.sigemptyset(no_signal))
+        _check(libc.posix_spawnattr_setsigdefault(self._attr, every_signal))
+        _check(libc.posix_spawnattr_setsigmask(self._attr, no_signal))
+        flags = _POSIX_SPAWN_SETSID | _POSIX_SPAWN_SETSIGDEF | _POSIX_SPAWN_SETSIGMASK
+        _check(libc.posix_spawnattr_setflags(self._attr, ctypes.c_short(flags)))
         self._env: _EnvBlock | None = None
 
     @classmethod

@@ -148,6 +148,55 @@ async def test_sigpipe_is_back_to_its_default(backend: RealProcessBackend) -> No
     assert status.exit_code == 0
 
 
+def test_a_command_starts_with_no_signal_the_agent_ignores_or_blocks(tmp_path: Path) -> None:
+    """An agent started in the background by a shell ignores SIGINT and SIGQUIT, under nohup
+    SIGHUP; an ignored signal stays ignored across exec. The commands it runs must not inherit
+    that: Ctrl-C typed on a terminal (PROTOCOL.md 9.1) must interrupt, a `trap` must be able to
+    fire. Checked through the pipe, the stdin pipe and the terminal, on both spawn paths."""
+    out = tmp_path / "out.txt"
+    script = textwrap.dedent(
+        f"""
+        import signal, trio
+        from toolwire.actors.processes import RealProcessBackend
+        from toolwire.actors.terminal import TerminalSize
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR2, signal.SIGTERM}})
+        # grep reads its own status: the shell's would show the mask dash sets while it waits.
+        COMMAND = "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"
+        async def main():
+            results = []
+            for posix_spawn in (True, False):
+                backend = RealProcessBackend(posix_spawn=posix_spawn)
+                for how in ({{}}, {{"stdin": True}}, {{"terminal": TerminalSize(24, 80)}}):
+                    proc = backend.spawn(["/bin/sh", "-c", COMMAND], "/", {{}}, **how)
+                    data = b""
+                    while piece := await proc.read_some():
+                        data += piece
+                    await proc.wait()
+                    proc.close()
+                    results.append(data.decode().split())
+            with open({str(out)!r}, "w") as f:
+                f.write(repr(results))
+        trio.run(main)
+        """
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [sys.executable, "-c", script],
+        check=True,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        timeout=TEST_DEADLINE_S,
+    )
+    clean = ["SigBlk:", "0000000000000000", "SigIgn:", "0000000000000000"]
+    # glibc's posix_spawn leaves its two internal signals (32 and 33, below the SIGRTMIN it
+    # gives programs) ignored in the child, and sigfillset cannot name them; no program
+    # linked with glibc can use them, and none of the agent's dispositions is among them.
+    glibc = ["SigBlk:", "0000000000000000", "SigIgn:", f"{(1 << 31) | (1 << 32):016x}"]
+    assert out.read_text() == repr([glibc] * 3 + [clean] * 3)
+
+
 async def test_a_missing_cwd_fails_to_start_and_leaks_nothing(
     backend: RealProcessBackend, tmp_path: Path
 ) -> None:
