@@ -21,7 +21,11 @@ reach the end of cat's copy of the line. On a terminal with the default termios 
 copy (once cat has read the line and written it back), so the sample ends when
 `2 * len(L\\r\\n)` bytes beyond what was received before the write have arrived: in an `output`
 message for toolwire, in a `read` of the master for the baseline. Both check that those bytes
-are exactly the echo and the copy. When the echo arrived is recorded beside it (`echo_ms`).
+are exactly the echo and the copy. Recorded beside, per repeat: when the echo was complete
+(`echo_p50_ms`), how many messages or reads a line took, and when the input's own result came.
+
+The reference row: trivial calls (`read_file`, `stream: false`) one at a time on the same
+agents, in the same rotation, the round trip any call costs.
 """
 
 from __future__ import annotations
