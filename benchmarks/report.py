@@ -168,8 +168,11 @@ def _details(name: str, scenario: dict[str, Any]) -> list[str]:
                 "server_rss_peak_mib",
                 "rss_start_mib",
                 "sampled_children_peak",
+                "pieces_per_line",
             ):
                 per_op.append(f"{key} {value['median']:,.1f}")
+            elif key.endswith("_ms"):
+                per_op.append(f"{key.removesuffix('_ms')} {fmt_number(value['median'], 'ms')}")
         lines.append(
             f"| {m['label']} | {fmt_number(m['median'], unit)} | {spread} | {lat} "
             f"| {'; '.join(per_op) or '-'} |"

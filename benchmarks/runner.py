@@ -26,6 +26,7 @@ from toolwire.benchmarks.core import BenchContext, ScenarioResult
 from toolwire.benchmarks.machine import load_average, machine_info
 from toolwire.benchmarks.scenarios import (
     bigwrite,
+    interactive,
     journal,
     process,
     reqresp,
@@ -54,6 +55,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("scale", "10,000 idle chats, 1,000 concurrent processes", scale.run),
         Scenario("journal", "calls with the sqlite journal vs the memory journal", journal.run),
         Scenario("bigwrite", "trivial calls while another chat writes 16 MiB files", bigwrite.run),
+        Scenario(
+            "interactive", "a one-line process_input to cat on a pty vs a raw pty", interactive.run
+        ),
     )
 }
 

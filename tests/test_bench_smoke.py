@@ -45,6 +45,11 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
             if row["goal"] is not None:
                 assert isinstance(row["met"], bool), row["label"]
 
+    # The pty round trip is compared with a raw pty of the same terminal settings: a program
+    # on toolwire's terminal sees exactly the termios of the baseline's (`stty -g` on both).
+    termios = doc["scenarios"]["interactive"]["params"]["termios"]
+    assert termios["toolwire"] and termios["toolwire"] == termios["raw pty"], termios
+
     [md_file] = tmp_path.glob("bench-*.md")
     text = md_file.read_text()
     assert "| scenario | comparison | toolwire | baseline | ratio | goal | met? |" in text
