@@ -179,6 +179,7 @@ class World:
         self.results_seen: dict[tuple[str, int], Result] = {}
         self.owed: dict[Any, Owed] = {}
         self.turn_calls: dict[str, list[str]] = {}
+        self.refusal: ToolwireError | None = None
         self.new_state()
 
     def conn_names(self) -> list[Any]:
@@ -204,7 +205,8 @@ class World:
         before = self.fingerprint()
         try:
             effects = self.state.handle(event, self.now, self.wall_ms)
-        except ToolwireError:
+        except ToolwireError as refusal:
+            self.refusal = refusal  # what the Session would answer with (an `error`)
             require(
                 self.fingerprint() == before,
                 "b.refusal_changed",
