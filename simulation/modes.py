@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import random
 import time
+import traceback
 from collections import Counter
 from dataclasses import replace
 
 from toolwire.simulation.planted import PLANTED
-from toolwire.simulation.pure_seed import play
+from toolwire.simulation.pure_seed import PureOutcome, play
 from toolwire.simulation.runner import SeedResult, run_world
 from toolwire.simulation.scenario import Plan, make_plan, scenario_for
-from toolwire.simulation.trace import EFFECT, EV, REQ, render_lines
+from toolwire.simulation.trace import EFFECT, EV, REQ, Trace, render_lines
 
 MODES = ("mix", "agent", "wire", "pure")
 # Of the seeds outside the wire slice, the share that runs pure. A pure seed costs a small
@@ -48,7 +49,12 @@ def run_pure_seed(
     if plan is None:
         plan = make_plan(seed, scenario_for(scenario, seed))
     state_class = PLANTED[plant] if plant else None
-    outcome = play(plan, state_class) if state_class is not None else play(plan)
+    try:
+        outcome = play(plan, state_class) if state_class is not None else play(plan)
+    except Exception as exc:  # a bug of ChatState (or of the model): reported, not fatal
+        text = "".join(traceback.format_exception(exc))
+        last = text.strip().splitlines()[-1]
+        outcome = PureOutcome([f"[l.exception] the run raised: {last}\n{text}"], Trace(), 0, 0.0)
     trace = outcome.trace
     counts = Counter(e[0] for e in trace.entries)
     result = SeedResult(

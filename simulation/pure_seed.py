@@ -38,6 +38,7 @@ from toolwire.actors.effects import (
     AttachRequest,
     CallRequest,
     CancelRequest,
+    Deadline,
     Detach,
     DetachRequest,
     Follow,
@@ -81,7 +82,7 @@ from toolwire.actors.results import (
     Result,
     ToolReport,
 )
-from toolwire.actors.tools.files import EditFilesArgs, ReadFileArgs, WriteFileArgs
+from toolwire.actors.tools.files import Edit, EditFilesArgs, ReadFileArgs, WriteFileArgs
 from toolwire.actors.tools.process_args import ProcessOutputArgs, ProcessSignalArgs
 from toolwire.actors.tools.registry import TOOLS
 from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, MemberRun, Script
@@ -254,10 +255,10 @@ class SeedWorld(World):
         self.plan_chat = chat
         self.epoch = 0  # bumped by a crash and a boot: what was scheduled before is void
         self.groups_model: dict[str, Group] = {}
-        self.followers: dict[str, set[int]] = {}
+        self.followers: dict[str, set[Any]] = {}
         self.commit_due = False
         self.read_due = False
-        self.attach_asked: tuple[int, str, int] | None = None
+        self.attach_asked: tuple[Any, str, int] | None = None
         self.cancel_named: set[str] = set()
         self.interrupted = False
         self.denied: set[str] = set()
@@ -595,6 +596,15 @@ class SeedWorld(World):
 
         self.later(max(0.0, effect.at - self.now), ring)
 
+    def fire(self, key: tuple[str, str]) -> None:
+        fire = self.timers.pop(key)
+        if isinstance(fire, Deadline):
+            # The command's snapshot at that instant (the shell's `runners.snapshot`).
+            group = self.groups_model.get(fire.call_id)
+            snapshot = group.snapshot(fire.call_id, self.now) if group is not None else None
+            fire = Deadline(fire.call_id, snapshot)
+        self.feed(fire)
+
     # -- the agent dies ------------------------------------------------------------------------
 
     def crash(self) -> None:
@@ -638,6 +648,7 @@ class Files:
         )
 
     def write(self, args: WriteFileArgs | EditFilesArgs, plan: CallPlan | None) -> ToolReport:
+        entries: list[tuple[str, str | None, list[Edit] | None, str | None]]
         if isinstance(args, WriteFileArgs):
             entries = [(args.path, args.expected_sha256, None, args.content)]
         else:
@@ -929,6 +940,7 @@ class Driver:
             gated=tool in self.sim.plan.approve_tools,
             shared_path=plan.rmw.path,
         )
+        assert call_id is not None  # the one provider id of a step is never unusable
         self.sim.calls[(self.chat.chat_id, call_id)] = call
         return call
 
