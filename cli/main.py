@@ -121,6 +121,11 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPUs)")
     sim.add_argument("--trace", action="store_true", help="print the trace (of failing seeds)")
     sim.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
+    sim.add_argument(
+        "--mode",
+        default="mix",
+        help="mix (default: real agent, wire slice and pure ChatState seeds) or agent|wire|pure",
+    )
     sim.add_argument("--plant", default=None, help=argparse.SUPPRESS)  # tests: a planted bug
 
     schema = sub.add_parser("schema", help="print the JSON Schema of the wire protocol")

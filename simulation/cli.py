@@ -25,8 +25,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from toolwire.simulation.modes import MODES, run_mode_seeds, run_seed
 from toolwire.simulation.planted import PLANTED
-from toolwire.simulation.runner import SeedResult, chunks, run_seeds, run_world
+from toolwire.simulation.runner import SeedResult, chunks
 from toolwire.simulation.scenario import SCENARIOS
 
 SCENARIO_CHOICES = ("mix", *SCENARIOS)
@@ -36,6 +37,7 @@ _CODE = re.compile(r"\[([a-z]\.[a-z_]+)\]")
 @dataclass
 class Summary:
     scenario: str
+    mode: str = "mix"
     seeds: int = 0
     wire: int = 0
     calls: int = 0
@@ -46,6 +48,7 @@ class Summary:
     elapsed_s: float = 0.0
     faults: Counter[str] = field(default_factory=Counter)
     scenarios: Counter[str] = field(default_factory=Counter)
+    modes: Counter[str] = field(default_factory=Counter)  # agent / wire / pure
     codes: Counter[str] = field(default_factory=Counter)
     failing: list[SeedResult] = field(default_factory=list)
 
@@ -59,6 +62,7 @@ class Summary:
         self.virtual_s += result.virtual_s
         self.faults.update(result.faults)
         self.scenarios[result.scenario] += 1
+        self.modes[result.mode] += 1
         if result.violations:
             self.failing.append(result)
             for text in result.violations:
@@ -72,10 +76,12 @@ class Summary:
     def as_json(self, jobs: int, plant: str | None) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
+            "mode": self.mode,
             "plant": plant,
             "jobs": jobs,
             "seeds": self.seeds,
             "wire_seeds": self.wire,
+            "modes": dict(sorted(self.modes.items())),
             "calls": self.calls,
             "requests": self.requests,
             "events": self.events,
@@ -91,6 +97,7 @@ class Summary:
                 {
                     "seed": r.seed,
                     "scenario": r.scenario,
+                    "mode": r.mode,
                     "violations": r.violations[:10],
                     "replay": replay_command(r, plant),
                 }
@@ -101,7 +108,10 @@ class Summary:
 
 def replay_command(result: SeedResult, plant: str | None) -> str:
     extra = f" --plant {plant}" if plant else ""
-    return f"toolwire sim --seed {result.seed} --scenario {result.scenario} --trace{extra}"
+    return (
+        f"toolwire sim --seed {result.seed} --scenario {result.scenario} --mode {result.mode} "
+        f"--trace{extra}"
+    )
 
 
 def _pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
@@ -120,6 +130,7 @@ def run_sim(
     trace: bool,
     json_path: Path | None,
     plant: str | None = None,
+    mode: str = "mix",
 ) -> int:
     out = Console()
     err = Console(stderr=True)
@@ -131,15 +142,18 @@ def run_sim(
             f"toolwire sim: unknown scenario {scenario!r}; one of {', '.join(SCENARIO_CHOICES)}"
         )
         return 2
+    if mode not in MODES:
+        err.print(f"toolwire sim: unknown --mode {mode!r}; one of {', '.join(MODES)}")
+        return 2
     start = seed if seed is not None else 0
     count = seeds if seeds is not None else (1 if seed is not None else 100)
     seed_list = list(range(start, start + count))
     jobs = max(1, jobs if jobs is not None else (os.cpu_count() or 1))
     jobs = min(jobs, max(1, len(seed_list)))
-    summary = Summary(scenario)
+    summary = Summary(scenario, mode)
 
     if trace and len(seed_list) == 1:
-        result = run_world(seed_list[0], scenario, plant=plant, keep_trace=True)
+        result = run_seed(seed_list[0], scenario, mode=mode, plant=plant, keep_trace=True)
         summary.add(result)
         summary.elapsed_s = result.wall_s
         assert result.trace is not None
@@ -176,12 +190,12 @@ def run_sim(
 
         if jobs == 1:
             for part in chunks(seed_list, 10):
-                done(run_seeds(part, scenario, plant))
+                done(run_mode_seeds(part, scenario, plant, mode))
         else:
             size = max(4, min(50, len(seed_list) // (jobs * 8) or 1))
             with _pool(jobs) as pool:
                 futures = [
-                    pool.submit(run_seeds, part, scenario, plant)
+                    pool.submit(run_mode_seeds, part, scenario, plant, mode)
                     for part in chunks(seed_list, size)
                 ]
                 try:
@@ -194,8 +208,10 @@ def run_sim(
     summary.elapsed_s = time.perf_counter() - started
     if trace:
         for result in sorted(summary.failing, key=lambda r: r.seed)[:3]:
-            replayed = run_world(result.seed, result.scenario, plant=plant, keep_trace=True)
-            out.rule(f"seed {result.seed} ({result.scenario})")
+            replayed = run_seed(
+                result.seed, result.scenario, mode=result.mode, plant=plant, keep_trace=True
+            )
+            out.rule(f"seed {result.seed} ({result.scenario}, {result.mode})")
             for line in replayed.trace or []:
                 out.print(line, markup=False, highlight=False, soft_wrap=True)
     _report(out, summary, jobs, plant)
@@ -214,10 +230,13 @@ def _report(out: Console, summary: Summary, jobs: int, plant: str | None) -> Non
     table.add_column("", style="bold")
     table.add_column("value", justify="right")
     table.add_row("scenario", summary.scenario)
+    table.add_row("mode", summary.mode)
     table.add_row("seeds", f"{summary.seeds:,}")
     for name, n in sorted(summary.scenarios.items()):
         table.add_row(f"  {name}", f"{n:,}")
     table.add_row("  through the server", f"{summary.wire:,}")
+    table.add_row("  through the real agent", f"{summary.modes.get('agent', 0):,}")
+    table.add_row("  pure ChatState", f"{summary.modes.get('pure', 0):,}")
     table.add_row("tool calls", f"{summary.calls:,}")
     table.add_row("requests", f"{summary.requests:,}")
     table.add_row("events", f"{summary.events:,}")
@@ -240,7 +259,7 @@ def _report(out: Console, summary: Summary, jobs: int, plant: str | None) -> Non
     for result in sorted(summary.failing, key=lambda r: r.seed)[:10]:
         first = result.violations[0].splitlines()[0]
         out.print(
-            f"  seed {result.seed} [{result.scenario}]: {first}",
+            f"  seed {result.seed} [{result.scenario}, {result.mode}]: {first}",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -260,4 +279,5 @@ def run_from_args(args: Any) -> int:
         trace=args.trace,
         json_path=args.json,
         plant=args.plant,
+        mode=getattr(args, "mode", "mix"),
     )

@@ -32,6 +32,7 @@ class SeedResult:
     seed: int
     scenario: str
     wire: bool = False  # connections went through the real WebSocket server
+    mode: str = "agent"  # agent / wire / pure (simulation/modes.py)
     calls: int = 0
     requests: int = 0
     events: int = 0
@@ -81,7 +82,9 @@ def run_world(
     else:
         sc = plan.scenario
     state_class = PLANTED[plant] if plant else ChatState
-    result = SeedResult(seed=seed, scenario=sc.name, wire=plan.wire)
+    result = SeedResult(
+        seed=seed, scenario=sc.name, wire=plan.wire, mode="wire" if plan.wire else "agent"
+    )
     workspace = make_workspace(plan.files)
     trace = Trace()
     try:

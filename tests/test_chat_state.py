@@ -1,9 +1,10 @@
 """ChatState under every interleaving hypothesis finds: the rules of PROTOCOL.md 5.0-5.7 as
 invariants, checked after every step (actors/chat_state.py is pure: no trio, no clock).
 
-`World` plays the shell's part the way actors/chat.py does, with everything that takes time
-left pending until a rule lets it happen: journal commits, tools on threads, process exits and
-reaps, the grace of a stop, timers, read-backs. So the rules can race a cancel against a
+`World` (simulation/pure_world.py, shared with the pure seed mode of `toolwire sim`) plays the
+shell's part the way actors/chat.py does, with everything that takes time left pending until a
+rule lets it happen: journal commits, tools on threads, process exits and reaps, the grace of a
+stop, timers, read-backs. So the rules can race a cancel against a
 command's natural end or against its durable start, an approval against its expiry, an
 interrupt against a finish, a repeat against a read-back, forgetting against a pinned read,
 and restart the agent at any point (what was committed survives; nothing else does).
@@ -12,8 +13,6 @@ and restart the agent at any point (what was committed survives; nothing else do
 from __future__ import annotations
 
 import os
-from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -28,80 +27,25 @@ from hypothesis.stateful import (
 )
 
 from toolwire.actors.calls import CallSpec
-from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
-    AlreadyExited,
-    ApprovalRestored,
     ApproveRequest,
     AttachRequest,
-    CallEnded,
     CallRequest,
     CancelRequest,
-    CancelTimer,
     CloseChatRequest,
-    Deadline,
-    Detach,
     DetachRequest,
-    Effect,
-    Follow,
-    Forgotten,
-    GroupEmpty,
-    GroupStopped,
-    Input,
     InterruptRequest,
-    JournalApproveTool,
-    JournalDelete,
-    JournalFailed,
-    JournalForgetApprovals,
-    JournalTouch,
-    JournalWrite,
-    KillGroup,
-    MarkTimedOut,
-    OutputClosed,
-    ProcessExited,
-    ProcessSnapshot,
-    Publish,
-    ReadBack,
-    Restored,
-    ResultsRead,
-    RunTool,
-    Send,
-    SendReplay,
-    SendResult,
-    Spawn,
-    Spawned,
-    StartTimer,
-    StopGroup,
-    StopRun,
     Sweep,
     ToolEnded,
-    ToolStopped,
     TurnRequest,
 )
-from toolwire.actors.events import (
-    AcceptedEvent,
-    CancelResultEvent,
-    ChatClosedEvent,
-    InterruptedEvent,
-    ResultEvent,
-    TurnPlanEvent,
-    TurnResultEvent,
-)
-from toolwire.actors.journal_rows import JournalRow
-from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.results import (
-    TEXT_AGENT_FAILURE,
-    TEXT_AGENT_FAILURE_BEFORE_RUN,
     Outcome,
-    Result,
     ToolReport,
-    ToolwireError,
 )
-from toolwire.actors.tools.registry import TOOLS
+from toolwire.simulation.pure_world import World
 
 CALL_IDS = ["k1", "k2", "k3", "k4"]
-FORGET_AFTER_S = 30.0
-GATE_TIMEOUT_S = 20.0
 # The tools the machine calls, by what they make the state machine do: a command (a process
 # group), an inline write (an effect journaled first), an inline read (no start row), a
 # thread-run search and a stoppable wait (each a task the shell runs).
@@ -114,366 +58,6 @@ CALLS: dict[str, tuple[str, dict[str, Any]]] = {
     "search": ("search_files", {"pattern": "x"}),
     "wait": ("process_output", {"process_id": "k1", "wait": True}),
 }
-
-
-@dataclass
-class Written:
-    """A journal write not committed yet, and the life of the record it belongs to."""
-
-    row: JournalRow
-    then: Input | None
-    life: int
-
-
-@dataclass
-class Proc:
-    state: str = "running"  # running -> zombie (exited, not reaped) -> reaped
-    stopping: str | None = None  # "term" while the grace runs, "kill" after SIGKILL
-    output_closed: bool = False
-
-
-@dataclass
-class Owed:
-    """What one connection was promised and what it got (per generation of the agent)."""
-
-    accepted: Counter[str] = field(default_factory=Counter)
-    results: Counter[str] = field(default_factory=Counter)
-    cancels: int = 0
-    cancel_results: int = 0
-    interrupts: int = 0
-    interrupted: int = 0
-    closes: int = 0
-    closed: int = 0
-    turns: Counter[str] = field(default_factory=Counter)
-    turn_results: Counter[str] = field(default_factory=Counter)
-
-
-class World:
-    """The shell's part, done by hand: effects are carried out, what takes time waits."""
-
-    def __init__(self, journal_keeps_results: bool) -> None:
-        self.keeps = journal_keeps_results
-        self.now = 0.0
-        self.wall_ms = 1_000_000
-        self.generation = 0
-        # The journal: committed rows survive a restart, pending ones do not.
-        self.committed: dict[str, JournalRow] = {}
-        self.approvals: set[str] = set()
-        self.pending_writes: list[Any] = []
-        self.refusals = 0  # how many of the next journal writes fail
-        self.unsaved: set[tuple[str, int]] = set()  # results answered from memory only
-        self.inbox: deque[Input] = deque()
-        # Effects of calls, counted per life of a record (a forgotten record's id is new).
-        self.life: Counter[str] = Counter()
-        # The life each committed row belongs to: a restart brings back that record.
-        self.row_life: dict[str, int] = {}
-        self.effects_run: Counter[tuple[str, int]] = Counter()
-        self.read_only_runs: Counter[tuple[str, int, int]] = Counter()
-        self.results_seen: dict[tuple[str, int], Result] = {}
-        self.owed: dict[str, Owed] = {}
-        self.turn_calls: dict[str, list[str]] = {}
-        self.new_state()
-
-    def new_state(self) -> None:
-        config = ChatConfig(
-            workspace="/ws",
-            max_processes_per_chat=3,
-            forget_after_s=FORGET_AFTER_S,
-            kill_grace_s=2.0,
-            approval_timeout_s=GATE_TIMEOUT_S,
-            journal_enabled=True,
-            journal_keeps_results=self.keeps,
-        )
-        # A cache of two results: read-backs happen all the time.
-        self.state = ChatState("c", config, ResultCache(max_entries=2))
-        self.procs: dict[str, Proc] = {}
-        self.tasks: dict[str, str] = {}  # call_id -> "search" | "wait": a tool on a task
-        self.timers: dict[tuple[str, str], Input] = {}
-        self.reads: list[tuple[str, ...]] = []
-        self.conns = [f"a{self.generation}", f"b{self.generation}"]
-        for conn in self.conns:
-            self.owed[conn] = Owed()
-
-    # -- feeding -------------------------------------------------------------------------------
-
-    def request(self, event: Input) -> bool:
-        """A request: True if accepted, False if refused (then nothing may have changed)."""
-        before = self.fingerprint()
-        try:
-            effects = self.state.handle(event, self.now, self.wall_ms)
-        except ToolwireError:
-            assert self.fingerprint() == before, "a refused request changed the chat"
-            return False
-        self.carry_out(effects)
-        self.drain()
-        return True
-
-    def feed(self, event: Input) -> None:
-        self.inbox.append(event)
-        self.drain()
-
-    def drain(self) -> None:
-        while self.inbox:
-            event = self.inbox.popleft()
-            self.carry_out(self.state.handle(event, self.now, self.wall_ms))
-
-    def fingerprint(self) -> Any:
-        state = self.state
-        return (
-            [(r.call_id, r.state, r.requests, r.touched_at, r.pins) for r in state.records],
-            sorted(state.turns),
-            state.approved_tools,
-        )
-
-    # -- effects -------------------------------------------------------------------------------
-
-    def carry_out(self, effects: list[Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, Follow):
-                for event in effect.events:
-                    self.sent(effect.conn, event)
-            elif isinstance(effect, Send | SendResult | SendReplay):
-                self.sent(effect.conn, effect.event)
-            elif isinstance(effect, JournalWrite) and self.refusals:
-                self.refusals -= 1  # the disk is full: the journal refuses this row
-                self.inbox.append(JournalFailed(effect.row.call_id))
-            elif isinstance(effect, JournalWrite):
-                self.pending_writes.append(
-                    Written(effect.row, effect.then, self.life[effect.row.call_id])
-                )
-            elif isinstance(
-                effect, JournalTouch | JournalDelete | JournalApproveTool | JournalForgetApprovals
-            ):
-                self.pending_writes.append(effect)
-            elif isinstance(effect, RunTool):
-                self.run_tool(effect)
-            elif isinstance(effect, StopRun):
-                if self.tasks.pop(effect.call_id, None) is not None:
-                    self.inbox.append(ToolStopped(effect.call_id))
-            elif isinstance(effect, Spawn):
-                self.started(effect.call_id, read_only=False)
-                self.procs[effect.call_id] = Proc()
-                self.inbox.append(Spawned(effect.call_id, 4242, self.snapshot(effect.call_id)))
-            elif isinstance(effect, StopGroup):
-                proc = self.procs[effect.call_id]
-                if effect.unless_exited and proc.state != "running":
-                    self.inbox.append(AlreadyExited(effect.call_id))
-                elif effect.reason == "kill_after" and proc.state == "reaped":
-                    self.inbox.append(AlreadyExited(effect.call_id))  # no member left
-                else:
-                    proc.stopping = "term"
-            elif isinstance(effect, KillGroup):
-                self.procs[effect.call_id].stopping = "kill"
-            elif isinstance(effect, StartTimer):
-                self.timers[effect.key] = effect.fire
-            elif isinstance(effect, CancelTimer):
-                self.timers.pop(effect.key, None)
-            elif isinstance(effect, ReadBack):
-                self.reads.append(effect.call_ids)
-            elif isinstance(effect, Forgotten):
-                self.life[effect.call_id] += 1
-            elif isinstance(effect, CallEnded | Publish | Detach | MarkTimedOut):
-                pass
-            else:  # pragma: no cover - a new effect the machine must learn
-                raise AssertionError(f"unknown effect {effect!r}")
-
-    def run_tool(self, effect: RunTool) -> None:
-        read_only = TOOLS[effect.tool].read_only
-        self.started(effect.call_id, read_only=read_only)
-        if effect.on_loop:
-            report = ToolReport(outcome=Outcome.COMPLETED, text=f"{effect.tool} done")
-            self.inbox.append(ToolEnded(effect.call_id, report))
-        else:
-            self.tasks[effect.call_id] = effect.tool
-
-    def started(self, call_id: str, *, read_only: bool) -> None:
-        """An effect happens: at most once per record, and only once its start is durable."""
-        key = (call_id, self.life[call_id])
-        if read_only:
-            # Changes nothing: it may run again after a restart (no start row is kept).
-            self.read_only_runs[(call_id, self.life[call_id], self.generation)] += 1
-            assert self.read_only_runs[(call_id, self.life[call_id], self.generation)] == 1
-            return
-        self.effects_run[key] += 1
-        assert self.effects_run[key] == 1, f"{call_id} ran twice"
-        row = self.committed.get(call_id)
-        assert row is not None and row.state == "running", f"{call_id} ran before its start row"
-
-    def sent(self, conn: Any, event: Any) -> None:
-        owed = self.owed[conn]
-        if isinstance(event, AcceptedEvent):
-            owed.accepted[event.call_id] += 1
-        elif isinstance(event, ResultEvent):
-            owed.results[event.call_id] += 1
-            assert owed.results[event.call_id] <= owed.accepted[event.call_id], (
-                f"{event.call_id}: more results than requests"
-            )
-            self.check_result(event.call_id, event.result)
-        elif isinstance(event, CancelResultEvent):
-            owed.cancel_results += 1
-            assert owed.cancel_results <= owed.cancels
-            self.check_result(event.call_id, event.result)
-        elif isinstance(event, InterruptedEvent):
-            owed.interrupted += 1
-            assert owed.interrupted <= owed.interrupts
-        elif isinstance(event, ChatClosedEvent):
-            owed.closed += 1
-            assert owed.closed <= owed.closes
-            # Nothing of what it stopped is left.
-            assert not any(call_id in self.state.groups for call_id in event.process_ids)
-        elif isinstance(event, TurnResultEvent):
-            owed.turn_results[event.turn_id] += 1
-            assert owed.turn_results[event.turn_id] <= owed.turns[event.turn_id]
-            calls = self.turn_calls[event.turn_id]
-            # In request order, each the call's one result.
-            assert len(event.results) == len(calls)
-            for call_id, result in zip(calls, event.results, strict=True):
-                self.check_result(call_id, result)
-        elif isinstance(event, TurnPlanEvent):
-            pass
-
-    def check_result(self, call_id: str, result: Result) -> None:
-        """Results never contradict each other, and none goes out before it is durable."""
-        key = (call_id, self.life[call_id])
-        seen = self.results_seen.setdefault(key, result)
-        assert seen == result, f"{call_id}: two different results {seen} / {result}"
-        row = self.committed.get(call_id)
-        if result.text in (TEXT_AGENT_FAILURE, TEXT_AGENT_FAILURE_BEFORE_RUN) and (
-            row is None or row.result != result
-        ):
-            # The journal refused its rows: the failure is answered from memory, and a restart
-            # finds the row before it (or none): PROTOCOL.md 9.9 says so.
-            self.unsaved.add(key)
-        else:
-            assert row is not None and row.result == result, f"{call_id}: sent before durable"
-        ran = self.effects_run[key] > 0
-        if result.outcome in (Outcome.NOT_RUN, Outcome.DENIED):
-            assert not ran, f"{call_id} says {result.outcome} but its effect happened"
-        # A cancel of a forgotten call whose command still runs stops that command: it ran.
-        ran = ran or (result.tool == "execute" and call_id in self.procs)
-        if result.outcome in (Outcome.COMPLETED, Outcome.CANCELED, Outcome.TIMED_OUT):
-            tool = result.tool
-            if tool and not TOOLS[tool].read_only:
-                assert ran, f"{call_id} says {result.outcome} but never ran"
-
-    def snapshot(self, call_id: str) -> ProcessSnapshot:
-        proc = self.procs[call_id]
-        reaped = proc.state == "reaped"
-        return ProcessSnapshot(call_id, 0 if reaped else None, None, reaped, "out", 3, 0)
-
-    # -- what takes time -----------------------------------------------------------------------
-
-    def commit(self, n: int) -> None:
-        done, self.pending_writes = self.pending_writes[:n], self.pending_writes[n:]
-        for effect in done:
-            if isinstance(effect, Written):
-                self.committed[effect.row.call_id] = effect.row
-                self.row_life[effect.row.call_id] = effect.life
-                if effect.then is not None:
-                    self.inbox.append(effect.then)
-            elif isinstance(effect, JournalDelete):
-                self.committed.pop(effect.call_id, None)
-            elif isinstance(effect, JournalApproveTool):
-                self.approvals.add(effect.tool)
-            elif isinstance(effect, JournalForgetApprovals):
-                self.approvals.clear()
-        self.drain()
-
-    def restart(self) -> None:
-        """The agent dies: what was not committed is lost, and so are the connections."""
-        self.pending_writes.clear()
-        self.inbox.clear()
-        self.generation += 1
-        for key in self.unsaved:
-            self.results_seen.pop(key, None)
-        self.unsaved.clear()
-        for call_id in list(self.life):
-            # A record whose row survived is the same record; any other id is new next time.
-            self.life[call_id] = (
-                self.row_life[call_id] if call_id in self.committed else self.life[call_id] + 1
-            )
-        self.new_state()
-        rows = sorted(self.committed.values(), key=lambda row: row.touched_at_ms)
-        for row in rows:
-            self.request(Restored(row, self.now - 1.0))
-        for tool in sorted(self.approvals):
-            if self.state.records:
-                self.request(ApprovalRestored(tool))
-        self.commit(len(self.pending_writes))  # recovery is durable before requests come
-
-    def quiesce(self) -> None:
-        """Let everything pending happen, until nothing is left."""
-        for _ in range(200):
-            if self.pending_writes:
-                self.commit(len(self.pending_writes))
-            elif self.reads:
-                self.read_back()
-            elif self.tasks:
-                call_id = next(iter(self.tasks))
-                del self.tasks[call_id]
-                self.feed(ToolEnded(call_id, ToolReport(outcome=Outcome.COMPLETED, text="done")))
-            elif any(p.state != "reaped" or p.stopping for p in self.procs.values()):
-                call_id = next(
-                    c for c, p in self.procs.items() if p.state != "reaped" or p.stopping
-                )
-                self.advance_process(call_id)
-            elif self.timers:
-                self.fire(next(iter(self.timers)))
-            else:
-                return
-        raise AssertionError("the chat never became quiet")
-
-    def advance_process(self, call_id: str) -> None:
-        proc = self.procs[call_id]
-        if proc.stopping == "term":
-            proc.state = "zombie" if proc.state == "running" else proc.state
-            proc.stopping = "waiting"
-            self.feed(GroupEmpty(call_id))
-        elif proc.stopping == "kill":
-            self.reap(call_id)
-            proc.stopping = None
-            proc.output_closed = True
-            self.feed(GroupStopped(call_id, self.snapshot(call_id)))
-        elif proc.state == "running":
-            proc.state = "zombie"
-        else:
-            self.reap(call_id)
-
-    def reap(self, call_id: str) -> None:
-        proc = self.procs[call_id]
-        if proc.state == "reaped":
-            return
-        proc.state = "reaped"
-        self.feed(ProcessExited(call_id, self.snapshot(call_id)))
-        if not proc.output_closed:
-            proc.output_closed = True
-            self.feed(OutputClosed(call_id))
-
-    def fire(self, key: tuple[str, str]) -> None:
-        fire = self.timers.pop(key)
-        if isinstance(fire, Deadline):
-            proc = self.procs.get(fire.call_id)
-            fire = Deadline(fire.call_id, self.snapshot(fire.call_id) if proc else None)
-        self.feed(fire)
-
-    def read_back(self) -> None:
-        call_ids = self.reads.pop(0)
-        found = {}
-        for call_id in call_ids:
-            row = self.committed.get(call_id)
-            assert row is not None and row.result is not None, f"read-back of {call_id} failed"
-            found[call_id] = row.result
-        self.feed(ResultsRead(found))
-
-    def check_all_answered(self) -> None:
-        for conn, owed in self.owed.items():
-            if conn not in self.conns:
-                continue  # a connection of an agent that died: its replies died with it
-            assert owed.results == owed.accepted, f"{conn}: one result per request"
-            assert owed.cancel_results == owed.cancels
-            assert owed.interrupted == owed.interrupts
-            assert owed.closed == owed.closes
-            assert owed.turn_results == owed.turns
 
 
 class ChatStateMachine(RuleBasedStateMachine):

@@ -12,6 +12,7 @@ import json
 import random
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -29,11 +30,12 @@ from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Result
 from toolwire.cli.main import main as toolwire
 from toolwire.simulation.journal import SimJournal
+from toolwire.simulation.modes import mode_for, run_pure_seed
 from toolwire.simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
 from toolwire.simulation.planted import PLANTED
 from toolwire.simulation.processes import Member, Script, SimBackend, SimProcess
 from toolwire.simulation.runner import SeedResult, run_world
-from toolwire.simulation.scenario import SCENARIOS, make_plan
+from toolwire.simulation.scenario import SCENARIOS, make_plan, scenario_for
 from toolwire.simulation.trace import short
 
 # Codes of runtime bugs the simulator found and the runtime's owner has not fixed yet: each needs
@@ -404,8 +406,8 @@ def test_toolwire_sim_exits_1_on_a_planted_bug_and_names_the_replay(
     assert summary["violations_by_code"].get("d.turn_result_count", 0) > 0
     failing = summary["failing_seeds"][0]
     assert failing["replay"] == (
-        f"toolwire sim --seed {failing['seed']} --scenario {failing['scenario']} --trace "
-        "--plant turn-missing-result"
+        f"toolwire sim --seed {failing['seed']} --scenario {failing['scenario']} "
+        f"--mode {failing['mode']} --trace --plant turn-missing-result"
     )
     assert "toolwire sim --seed" in capsys.readouterr().out
 
@@ -478,3 +480,129 @@ def test_stopping_the_agent_mid_turn_ends_quietly() -> None:
                 scope.cancel()
 
     trio.run(main)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pure mode: one ChatState per chat, no trio (simulation/pure_seed.py)
+
+
+def test_300_pure_seeds_of_the_default_mix_keep_every_promise() -> None:
+    calls = faults = 0
+    for seed in range(300):
+        result = run_pure_seed(seed)
+        assert result.mode == "pure"
+        assert not result.violations, (
+            f"seed {seed}: replay with `toolwire sim --seed {seed} --scenario {result.scenario} "
+            f"--mode pure --trace`\n" + "\n".join(result.violations[:5])
+        )
+        calls += result.calls
+        faults += sum(result.faults.values())
+    assert calls > 300 * 20 and faults > 300
+
+
+def test_the_pure_mode_plays_the_races() -> None:
+    """Not a vacuous schedule: across pure seeds, cancels win and lose against durable starts
+    and natural ends, commands time out, stops escalate to SIGKILL, the agent crashes and
+    restarts on what was committed, and shared-file writes are refused as changed."""
+    seen: Counter[str] = Counter()
+    for seed in range(60):
+        result = run_pure_seed(seed, keep_trace=True)
+        assert result.trace is not None
+        for line in result.trace:
+            for what in (
+                "received=False not_run",
+                " canceled bytes",
+                "cancel_result #",
+                " timed_out ",
+                "SIGNAL SIGKILL",
+                "SIGNAL SIGTERM",
+                "AGENT CRASH",
+                "changed since it was read",
+                " denied ",
+                "replay=True",
+            ):
+                if what in line:
+                    seen[what] += 1
+    assert all(seen[what] > 0 for what in seen) and len(seen) == 10, seen
+
+
+def test_a_pure_seed_is_one_trace() -> None:
+    for seed in (0, 7, 42, 1234):
+        first = run_pure_seed(seed, keep_trace=True)
+        for other in range(3):
+            run_pure_seed(other, "crashes")  # nothing carries over from one seed to the next
+        second = run_pure_seed(seed, keep_trace=True)
+        assert first.trace == second.trace and first.digest == second.digest
+        assert first.events > 0
+        # The replay command names the scenario the mix chose: it reproduces the same run.
+        assert run_pure_seed(seed, first.scenario, digest=True).digest == first.digest
+
+
+def test_the_mix_gives_each_mode_its_share_and_a_seed_keeps_its_mode() -> None:
+    modes = Counter()
+    for seed in range(400):
+        plan = make_plan(seed, scenario_for("mix", seed))
+        mode = mode_for(seed, plan)
+        assert mode == mode_for(seed, make_plan(seed, scenario_for("mix", seed)))
+        assert (mode == "wire") == plan.wire  # the wire slice keeps every seed it had
+        modes[mode] += 1
+    assert 20 <= modes["wire"] <= 70, modes
+    assert 80 <= modes["pure"] <= 140 and modes["agent"] > 200, modes
+
+
+@pytest.mark.parametrize(
+    ("plant", "expected"),
+    [
+        ("repeat-runs-again", "a.effect_twice"),
+        ("cancel-says-not-run", "c.not_run_with_effect"),
+        ("lost-output-chunk", "e.output_gap"),
+        ("turn-missing-result", "d.turn_result_count"),
+        ("write-ignores-expected", "w.lost_write"),
+        ("kill-group-at-leader-exit", "p.cleanup_cut"),
+    ],
+)
+def test_each_planted_bug_is_caught_in_pure_mode_within_50_seeds(plant: str, expected: str) -> None:
+    for seed in range(50):
+        result = run_pure_seed(seed, plant=plant)
+        if expected in codes(result):
+            return
+    pytest.fail(f"{plant}: no {expected} violation in 50 pure seeds")
+
+
+def test_toolwire_sim_mode_pure_runs_pure_seeds_and_replays_a_failure_in_pure_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clean = tmp_path / "clean.json"
+    assert (
+        toolwire(["sim", "--seeds", "20", "--jobs", "1", "--mode", "pure", "--json", str(clean)])
+        == 0
+    )
+    summary = json.loads(clean.read_text())
+    assert summary["modes"] == {"pure": 20} and summary["violations"] == 0
+    assert summary["calls"] > 20 * 20
+
+    planted = tmp_path / "planted.json"
+    status = toolwire(
+        ["sim", "--seeds", "10", "--jobs", "1", "--mode", "pure", "--plant",
+         "write-ignores-expected", "--json", str(planted)]
+    )  # fmt: skip
+    assert status == 1
+    failing = json.loads(planted.read_text())["failing_seeds"][0]
+    assert failing["mode"] == "pure"
+    assert "--mode pure" in failing["replay"]
+    capsys.readouterr()
+    # The printed replay command runs that seed again, in pure mode, and fails the same way.
+    replay = failing["replay"].split()[1:]
+    assert toolwire(replay) == 1
+    printed = capsys.readouterr().out
+    assert "w.lost_write" in printed and "trace digest" in printed
+
+
+def test_toolwire_sim_counts_the_seeds_of_each_mode(tmp_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    assert toolwire(["sim", "--seeds", "30", "--jobs", "2", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["mode"] == "mix"
+    assert sum(summary["modes"].values()) == 30
+    assert summary["modes"].get("wire", 0) == summary["wire_seeds"]
+    assert summary["modes"].get("pure", 0) > 0 and summary["modes"].get("agent", 0) > 0
