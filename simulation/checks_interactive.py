@@ -21,6 +21,7 @@ x  closing a chat (9.6): one `chat_closed` per request; when it is sent no proce
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,6 @@ from toolwire.actors.terminal import DEFAULT_EOF_CHAR
 from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
-    EFFECT,
     EV,
     REJECT,
     REQ,
@@ -228,20 +228,20 @@ def _stdin(
                     canonical[(target[0], call)][1],
                 )
             result = canonical.get((target[0], call))
-            if result is not None and result[0].outcome.value == "completed":
-                if k != len(data_of[call]):
-                    ck.fail(
-                        "n.completed_partly",
-                        f"{label}: input {short(call)} completed with written={k} of "
-                        f"{len(data_of[call])} bytes",
-                        result[1],
-                    )
+            completed = result is not None and result[0].outcome.value == "completed"
+            if result is not None and completed and k != len(data_of[call]):
+                ck.fail(
+                    "n.completed_partly",
+                    f"{label}: input {short(call)} completed with written={k} of "
+                    f"{len(data_of[call])} bytes",
+                    result[1],
+                )
         spawn = spawn_gen.get(target)
         if spawn is None:
             continue
         g = spawn[1]
         firsts = [(first_in_gen.get((g, target[0], call), -1), call) for call in order]
-        for (a_at, a), (b_at, b) in zip(firsts, firsts[1:], strict=False):
+        for (a_at, a), (b_at, b) in itertools.pairwise(firsts):
             if a_at > b_at >= 0:
                 ck.fail(
                     "n.order",
@@ -296,7 +296,7 @@ def _deadlines(
         at_deadline = [
             t for _, t, name in sent if lo - _EPS <= t <= hi + _EPS and name == "SIGTERM"
         ]
-        if before or proc.killed_by == "crash" and (proc.killed_at or 0) < hi:
+        if before or (proc.killed_by == "crash" and (proc.killed_at or 0) < hi):
             continue  # something else stopped it first (a cancel, a close, a shutdown, a crash)
         crashed = any(m.killed_by == "crash" and (m.killed_at or 0) <= hi for m in proc.members)
         if crashed or (proc.killed_at is not None and proc.killed_by == "crash"):
@@ -320,7 +320,7 @@ def _deadlines(
                 )
             continue
         gone_by = hi + grace + 0.05
-        if proc.group_alive_at(gone_by) and not proc.killed_by == "crash":
+        if proc.group_alive_at(gone_by) and proc.killed_by != "crash":
             ck.fail(
                 "h.not_stopped",
                 f"{label}: stopped at its deadline {lo:.4f}s, still alive at {gone_by:.4f}s",
