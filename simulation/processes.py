@@ -319,10 +319,11 @@ class SimProcess:
     def echo(self, t: float, data: bytes) -> None:
         """At read tick `t` (<= now) the shell read `data` and prints it back."""
         line = self.script.echo_prefix + b" got " + data.replace(b"\n", b"|") + b"\n"
-        timeline = self._timeline
-        keys = [(c[0], c[1]) for c in timeline]
-        at = max(bisect.bisect_right(keys, (t, _SHELL)), self._read)
-        timeline.insert(at, (t, _SHELL, line))
+        # After every chunk already handed to the reader (their times are <= t).
+        at = bisect.bisect_right(
+            self._timeline, (t, _SHELL), lo=self._read, key=lambda chunk: (chunk[0], chunk[1])
+        )
+        self._timeline.insert(at, (t, _SHELL, line))
         self._wake()
 
     def kill(self, now: float, sig: str) -> None:
