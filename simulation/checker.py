@@ -53,8 +53,11 @@ from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_RESTARTED,
     TEXT_APPROVAL_EXPIRED,
+    TEXT_SHUTDOWN,
     Result,
+    text_killed_after,
 )
+from toolwire.simulation.checks_interactive import check_interactive
 from toolwire.simulation.processes import CRASH_KILL, SPAWN_OSERROR, SPAWN_RAISES, SimProcess
 from toolwire.simulation.scenario import CallPlan
 from toolwire.simulation.trace import (
@@ -66,11 +69,14 @@ from toolwire.simulation.trace import (
     OPEN,
     REJECT,
     REQ,
+    SHUTDOWN,
     SIGNAL,
+    STOPPED,
     ApproveReq,
     AttachReq,
     CallReq,
     CancelReq,
+    CloseChatReq,
     DetachReq,
     InterruptReq,
     TurnReq,
@@ -222,6 +228,10 @@ class Checker:
         cancel_results: list[tuple[int, float, int, Key]] = []  # (entry, time, rid, key)
         canceled_seen: dict[Key, tuple[int, float]] = {}  # first event with a canceled result
         req_time: dict[int, float] = {}  # rid -> when the agent first applied it
+        # Requests applied while the agent shut down (PROTOCOL.md 9.3): refused, not failed.
+        stopping = False
+        during_shutdown: set[int] = set()  # rids
+        closes: list[tuple[int, int, CloseChatReq]] = []  # (entry, gen, req)
 
         def same_result(key: Key, result: Result, idx: int, where: str) -> None:
             seen = canonical.get(key)
@@ -429,10 +439,16 @@ class Checker:
                         elif isinstance(req, TurnReq) and req.stream:
                             for spec in req.specs:
                                 owed[(conn, req.chat, spec.call_id)] -= 1
-                    if ev.code == "internal":
+                    # (A wire `detach` carries no rid the trace knows: its refusal shows
+                    # only by arriving while the agent stops.)
+                    if ev.code == "internal" and not (
+                        (rid in during_shutdown or stopping) and "shutting down" in ev.message
+                    ):
                         fail("b.internal_error", f"the agent failed a request: {ev.message}", idx)
             elif kind == REQ:
                 g, conn, req = entry[2], entry[3], entry[4]
+                if stopping:
+                    during_shutdown.add(req.rid)
                 req_count[(conn, req.rid)] += 1
                 req_by_rid[req.rid] = req
                 req_by_rid_idx.setdefault(req.rid, idx)
@@ -486,6 +502,8 @@ class Checker:
                         scope_approves.append((idx, g, req.chat, req.call_id))
                 elif isinstance(req, InterruptReq):
                     interrupt_reqs.append((idx, conn, g, req))
+                elif isinstance(req, CloseChatReq):
+                    closes.append((idx, g, req))
                 elif isinstance(req, DetachReq):
                     ck = (conn, req.chat, req.call_id)
                     detached.add(ck)
@@ -502,6 +520,10 @@ class Checker:
                 closed.add(entry[2])
             elif kind == CRASH:
                 crashes.append(idx)
+            elif kind == SHUTDOWN:
+                stopping = True
+            elif kind == STOPPED:
+                stopping = False
             elif kind == BOOT:
                 gen = entry[2]
                 boots.append((idx, gen, {row[0] for row in entry[3]}, entry[4]))
@@ -598,6 +620,13 @@ class Checker:
                     key = (ireq.chat, call)
                     cancel_named[key] = min(cancel_named.get(key, idx), idx)
 
+        # A close ends every unresolved call of its chat as an interrupt does (PROTOCOL.md 9.6).
+        for idx, g, close in closes:
+            for ridx, call, _turn in requested_in_gen[(g, close.chat)]:
+                if ridx < idx:
+                    key = (close.chat, call)
+                    cancel_named[key] = min(cancel_named.get(key, idx), idx)
+
         # -- (f) approvals with scope "chat" ---------------------------------------------------
         in_force = self._scope_approvals(scope_approves, refused, boots)
         for idx, conn, chat, call in parked_seen:
@@ -677,6 +706,9 @@ class Checker:
         # -- (w) no write lost -----------------------------------------------------------------
         for path, initial in sorted(self.shared_files.items()):
             self._no_lost_write(path, initial, canonical, effects)
+
+        # -- (n), (h), (s), (x): PROTOCOL.md 9's stdin, deadlines, shutdown, close ------------
+        check_interactive(self, canonical, effects)
 
         # -- (l) liveness ----------------------------------------------------------------------
         for text in self.stuck:
@@ -1107,7 +1139,7 @@ class Checker:
         if not procs:
             return
         proc = procs[0]
-        if outcome == "canceled":
+        if outcome == "canceled" and result.text != TEXT_SHUTDOWN:  # shutdowns: (s)
             named = cancel_named.get(key)
             if named is None or named > idx:
                 fail("c.canceled_without_cancel", f"{label} canceled but nobody canceled it", idx)
@@ -1118,7 +1150,14 @@ class Checker:
                     f"{proc.death:.4f}s, before the cancel",
                     idx,
                 )
-        if outcome == "timed_out":
+        k_ms = plan.args.get("kill_after_ms")
+        if (
+            outcome == "timed_out"
+            and isinstance(k_ms, int)
+            and result.text == text_killed_after(k_ms)
+        ):
+            pass  # a hard deadline's stop: (h) judges it
+        elif outcome == "timed_out":
             if plan.timeout_ms is None:
                 fail("c.timed_out_without_timeout", f"{label} timed out without timeout_ms", idx)
             elif result.finished_at is not None and (

@@ -25,6 +25,7 @@ from toolwire.simulation.trace import (
     AttachReq,
     CallReq,
     CancelReq,
+    CloseChatReq,
     DetachReq,
     InterruptReq,
     Request,
@@ -37,7 +38,11 @@ from toolwire.transport.ids import tool_call_ids
 REPLY_ORDER_MOVES = ("detach-after-call", "repeat-during-replay", "attach-ahead")
 
 # Requests a flaky network may deliver twice (a client that retransmits a frame).
-_DUPLICABLE = (CallReq, AttachReq, CancelReq, ApproveReq, TurnReq)
+_DUPLICABLE = (CallReq, AttachReq, CancelReq, ApproveReq, TurnReq, CloseChatReq)
+
+# What the agent answers every request with while it shuts down (PROTOCOL.md 9.3): the request
+# was refused, not lost, and is sent again once the agent is back.
+SHUTTING_DOWN = "shutting down"
 
 
 @dataclass(eq=False)
@@ -309,6 +314,10 @@ class ChatDriver:
     def _on_error(self, st: MessageState, event: events.ErrorEvent) -> None:
         if not isinstance(event.rid, int):
             return
+        if event.code == "internal" and SHUTTING_DOWN in event.message:
+            # Refused while the agent stops: its connections close next, and the recovery after
+            # the restart sends again whatever has no answer.
+            return
         kind, call_id = st.rids.get(event.rid, ("", None))
         if kind == "attach" and call_id is not None and event.code == "unknown_call":
             # The agent restarted before this call was journaled: it never ran. Ask again.
@@ -371,6 +380,9 @@ class ChatDriver:
             chosen = self.rng.sample(targets, self.rng.randint(1, min(3, len(targets))))
             self.world.trace.fault(now, "cancel", f"chat {self.chat.index} x{len(chosen)}")
             self.send(st, CancelReq(chat, self.rid(), tuple(chosen)), "cancel", None)
+        elif move == "close":
+            self.world.trace.fault(now, "close_chat", f"chat {self.chat.index}")
+            self.send(None, CloseChatReq(chat, self.rid()), "close", None)
         elif move == "takeover":
             self.world.trace.fault(now, "takeover", f"chat {self.chat.index}")
             self.inbox.signal("takeover")

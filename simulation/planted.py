@@ -11,16 +11,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import msgspec
+
 from toolwire.actors.chat_state import ChatState
 from toolwire.actors.effects import (
     AttachRequest,
     CallRequest,
+    CloseChatRequest,
     GroupEmpty,
+    KillAfter,
     ProcessExited,
     TurnRequest,
 )
 from toolwire.actors.records import RecordState, ToolCallRecord
-from toolwire.actors.results import TEXT_CANCELED_BEFORE_RUN, Outcome
+from toolwire.actors.results import (
+    TEXT_CANCELED_BEFORE_RUN,
+    TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_SHUTDOWN,
+    Outcome,
+    Result,
+)
 
 
 class RepeatRunsAgain(ChatState):
@@ -110,6 +120,54 @@ class KillGroupAtLeaderExit(ChatState):
             self._on_group_empty(GroupEmpty(call_id))
 
 
+class InputRepeatWritesAgain(ChatState):
+    """A repeated `call` of a finished `process_input` forgets the saved result and writes its
+    data to the process again (the retry types twice)."""
+
+    def _on_call(self, req: CallRequest) -> None:
+        record = self.records.get(req.spec.call_id)
+        if record is not None and record.done and record.tool == "process_input":
+            self.records._records.pop(req.spec.call_id, None)
+        super()._on_call(req)
+
+
+class KillAfterIgnored(ChatState):
+    """`kill_after_ms` is read but its deadline never stops anything."""
+
+    def _on_kill_after(self, event: KillAfter) -> None:
+        group = self.groups.get(event.call_id)
+        if group is not None:
+            group.kill_after_ms = None
+
+
+class ShutdownSaysCanceled(ChatState):
+    """The calls a shutdown stops are saved with the plain cancel text, not the shutdown's."""
+
+    def _finish(self, record: ToolCallRecord, result: Result) -> None:
+        if result.text == TEXT_SHUTDOWN:
+            result = msgspec.structs.replace(result, text=TEXT_CANCELED_WHILE_RUNNING)
+        super()._finish(record, result)
+
+
+class CloseLeavesGroups(ChatState):
+    """`close_chat` ends the chat's unresolved calls but leaves the process groups of calls
+    that already returned (background and timed-out commands) running."""
+
+    _closing = False
+
+    def _on_close_chat(self, req: CloseChatRequest) -> None:
+        self._closing = True
+        try:
+            super()._on_close_chat(req)
+        finally:
+            self._closing = False
+
+    def _stop_every_group(self) -> list[str]:
+        if not self._closing:
+            return super()._stop_every_group()
+        return []
+
+
 PLANTED: dict[str, type[ChatState]] = {
     "repeat-runs-again": RepeatRunsAgain,
     "cancel-says-not-run": CancelSaysNotRun,
@@ -117,4 +175,8 @@ PLANTED: dict[str, type[ChatState]] = {
     "turn-missing-result": TurnMissingResult,
     "write-ignores-expected": WriteIgnoresExpected,
     "kill-group-at-leader-exit": KillGroupAtLeaderExit,
+    "input-repeat-writes-again": InputRepeatWritesAgain,
+    "kill-after-ignored": KillAfterIgnored,
+    "shutdown-says-canceled": ShutdownSaysCanceled,
+    "close-leaves-groups": CloseLeavesGroups,
 }

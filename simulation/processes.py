@@ -20,6 +20,7 @@ holds the pipe are gone.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import signal
 from collections.abc import Callable, Mapping
@@ -57,6 +58,18 @@ class Member:
 
 
 @dataclass(frozen=True, slots=True)
+class Reader:
+    """How a command reads its stdin (`execute` with `stdin` or `pty`): the pipe (or terminal)
+    holds `capacity` bytes, and every `period` seconds from its start the shell takes up to
+    `chunk` of them and prints what it read (`<token> got <bytes>`), so its output depends on
+    its input and a large input waits for room."""
+
+    capacity: int
+    period: float
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
 class Script:
     """What one simulated command does, relative to its start."""
 
@@ -66,6 +79,8 @@ class Script:
     ignores_term: bool = False
     spawn_error: str | None = None  # SPAWN_OSERROR / SPAWN_RAISES
     members: tuple[Member, ...] = ()
+    reader: Reader | None = None  # reads its stdin (else: takes every byte, prints nothing)
+    echo_prefix: bytes = b""  # what starts each line it prints about its input
 
 
 class MemberRun:
@@ -107,8 +122,10 @@ class MemberRun:
 
 class SimStdin:
     """A simulated command's input (`execute` with `stdin` or `pty`). Implements
-    `actors.processes.StdinPort`: while the command lives it takes every byte at once (a reader
-    that never falls behind) and keeps what it got, with the virtual time, for the checker."""
+    `actors.processes.StdinPort`. Without a `Reader` the command takes every byte at once;
+    with one, the pipe holds `capacity` bytes and the shell drains it at its read ticks (a
+    full pipe makes the writer wait for room) and prints what it read. Every byte that went in
+    is kept, with its virtual time, for the checker (the stdin ledger)."""
 
     def __init__(self, process: SimProcess, terminal: TerminalSize | None) -> None:
         self._process = process
@@ -116,16 +133,67 @@ class SimStdin:
         self.size = terminal
         self.received: list[tuple[float, bytes]] = []
         self.closed = False  # an `eof` closed the (simulated) pipe
+        self.reader = process.script.reader
+        self.buffer = bytearray()  # written, not read yet
+        self._tick = process.started  # the last read tick handled
+
+    def _next_tick(self, now: float) -> float:
+        """The first read tick after `now`."""
+        reader = self.reader
+        assert reader is not None
+        k = int((now - self._process.started) / reader.period) + 1
+        return self._process.started + k * reader.period
+
+    def next_read(self) -> float:
+        """When the shell next reads something (inf when it has nothing to read)."""
+        if self.reader is None or not self.buffer:
+            return float("inf")
+        return self._tick + self.reader.period
+
+    def advance(self, now: float) -> None:
+        """Play the read ticks up to `now`: the shell takes its chunks and prints them."""
+        reader = self.reader
+        if reader is None:
+            return
+        proc = self._process
+        while self.buffer:
+            t = self._tick + reader.period
+            if t > now or t >= proc.death:
+                break
+            self._tick = t
+            taken = bytes(self.buffer[: reader.chunk])
+            del self.buffer[: reader.chunk]
+            proc.echo(t, taken)
+        if not self.buffer:
+            # Idle: the next read is the first tick after whatever comes next.
+            self._tick = max(self._tick, self._next_tick(now) - reader.period)
 
     def write_some(self, data: memoryview) -> int:
         now = trio.current_time()
+        self.advance(now)
         if self.closed or not self._process.alive(now):
             raise InputClosed
-        self.received.append((now, bytes(data)))
-        return len(data)
+        reader = self.reader
+        n = len(data) if reader is None else min(len(data), reader.capacity - len(self.buffer))
+        if n <= 0:
+            return 0
+        chunk = bytes(data[:n])
+        self.received.append((now, chunk))
+        if reader is not None:
+            self.buffer += chunk
+            self._process.wake()
+        return n
 
     async def wait_room(self) -> None:
-        await trio.lowlevel.checkpoint()  # never full: write_some always takes everything
+        while True:
+            now = trio.current_time()
+            self.advance(now)
+            if self.closed or not self._process.alive(now):
+                raise InputClosed
+            if self.reader is None or len(self.buffer) < self.reader.capacity:
+                await trio.lowlevel.checkpoint()
+                return
+            await trio.sleep_until(min(self.next_read(), self._process.death))
 
     def end(self) -> bytes:
         if self.terminal:
@@ -165,9 +233,6 @@ class SimProcess:
         # (`poll_exited`) before its reap task has run.
         self.reap_delay_s = reap_delay_s
         self.pid: int | None = pid
-        self.stdin: SimStdin | None = (
-            SimStdin(self, terminal) if stdin or terminal is not None else None
-        )
         self.started = started
         self.end_at = started + script.duration  # the shell's natural exit
         self.killed_at: float | None = None  # a signal (or the agent's crash) ended the shell
@@ -186,6 +251,9 @@ class SimProcess:
         self._on_signal = on_signal
         self.signals: list[tuple[float, str]] = []
         self.owner: tuple[str, str] = ("", "")  # (chat_id, call_id), set by whoever spawned it
+        self.stdin: SimStdin | None = (
+            SimStdin(self, terminal) if stdin or terminal is not None else None
+        )
 
     # -- state, a function of time -------------------------------------------------------------
 
@@ -244,6 +312,20 @@ class SimProcess:
         self._changed.set()
         self._changed = trio.Event()
 
+    def wake(self) -> None:
+        """Its stdin took bytes: the pump re-checks when the shell reads them."""
+        self._wake()
+
+    def echo(self, t: float, data: bytes) -> None:
+        """At read tick `t` (<= now) the shell read `data` and prints it back."""
+        line = self.script.echo_prefix + b" got " + data.replace(b"\n", b"|") + b"\n"
+        # After every chunk already handed to the reader (their times are <= t).
+        at = bisect.bisect_right(
+            self._timeline, (t, _SHELL), lo=self._read, key=lambda chunk: (chunk[0], chunk[1])
+        )
+        self._timeline.insert(at, (t, _SHELL, line))
+        self._wake()
+
     def kill(self, now: float, sig: str) -> None:
         """The shell alone dies of `sig` now (if it still runs)."""
         if now < self.death:
@@ -262,6 +344,8 @@ class SimProcess:
     # -- SpawnedProcess ------------------------------------------------------------------------
 
     def _take(self, now: float) -> bytes:
+        if self.stdin is not None:
+            self.stdin.advance(now)
         timeline = self._timeline
         pieces: list[bytes] = []
         size = 0
@@ -279,6 +363,8 @@ class SimProcess:
         """The next instant the pipe may have something new to say: a chunk falls due, or a
         writer exits (which may close the pipe)."""
         wake = self.death if now < self.death else float("inf")
+        if self.stdin is not None:
+            wake = min(wake, self.stdin.next_read())
         if self._read < len(self._timeline):
             wake = min(wake, self._timeline[self._read][0])
         for member in self._pipe_members:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from toolwire.actors.chat import CallSpec
-from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Member, Script
+from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Member, Reader, Script
 from toolwire.transport.ids import tool_call_ids
 
 
@@ -65,6 +65,15 @@ class Scenario:
     # Approvals sent with scope "chat" (PROTOCOL.md 9.5): of the approving answers, and of the
     # denying ones (where the scope must change nothing).
     scope_chat_share: float = 0.3
+    # Interactive sessions per chat (mean, PROTOCOL.md 9.1): an `execute` with `stdin` or `pty`
+    # whose script reads its input, then messages of `process_input` calls to it.
+    interactive: float = 0.15
+    # Commands with a hard deadline (`kill_after_ms`, PROTOCOL.md 9.2), of all `execute`s.
+    kill_after_share: float = 0.05
+    # Graceful shutdowns of the agent (PROTOCOL.md 9.3) with a restart on the same journal.
+    shutdowns: float = 0.05
+    # Chats that a driver closes (`close_chat`, PROTOCOL.md 9.6) in the middle of a message.
+    close_share: float = 0.03
 
 
 DEFAULT = Scenario("default", "a mix of everything")
@@ -87,6 +96,8 @@ SCENARIOS: dict[str, Scenario] = {
             reply_order_share=0,
             spawn_failure_share=0,
             tool_failure_share=0,
+            shutdowns=0,
+            close_share=0,
         ),
         Scenario(
             "retries",
@@ -141,11 +152,32 @@ SCENARIOS: dict[str, Scenario] = {
             crashes=2.0,
             drops=0.5,
         ),
+        Scenario(
+            "interactive",
+            "processes fed by process_input (retried, duplicated, canceled), hard deadlines, "
+            "graceful shutdowns with a restart, chats closed while calls run",
+            interactive=1.5,
+            kill_after_share=0.3,
+            shutdowns=0.6,
+            close_share=0.25,
+            crashes=0.2,
+            cancel_share=0.15,
+        ),
     )
 }
 
 # The default mix: each seed picks one of these by its own draw.
-MIX = ("default", "default", "default", "retries", "takeover", "interrupts", "approvals", "crashes")
+MIX = (
+    "default",
+    "default",
+    "default",
+    "retries",
+    "takeover",
+    "interrupts",
+    "approvals",
+    "crashes",
+    "interactive",
+)
 
 
 def scenario_for(name: str, seed: int) -> Scenario:
@@ -475,6 +507,13 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
     _plan_rmw_cycles(random.Random(f"{seed}/rmw"), s, chats)
     _plan_groups(random.Random(f"{seed}/groups"), s, chats)
     _plan_scopes(random.Random(f"{seed}/scopes"), s, chats)
+    _plan_interactive(random.Random(f"{seed}/interactive"), s, chats)
+    _plan_kill_after(random.Random(f"{seed}/kill-after"), s, chats)
+    _plan_closes(random.Random(f"{seed}/close"), s, chats)
+    shutdowns = random.Random(f"{seed}/shutdown")
+    for _ in range(_poisson(shutdowns, s.shutdowns)):
+        faults.append((shutdowns.uniform(0, s.horizon_s), "shutdown"))
+    faults.sort()
     files.update(SHARED_FILES)
     return Plan(
         seed=seed,
@@ -596,6 +635,103 @@ def _plan_scopes(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None
             for call in message.calls:
                 if call.gated and call.decision != "ignore" and rng.random() < s.scope_chat_share:
                     call.scope = "chat"
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789 "
+
+
+def _plan_interactive(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Insert each chat's interactive sessions among its messages: an `execute` with a stdin
+    pipe or a terminal (sometimes neither: its inputs must fail) whose script reads what it is
+    given, then one to three messages of `process_input` calls to it, several at once in
+    parallel messages (they queue), the last sometimes with `eof`. A stream of its own."""
+    for chat in chats:
+        for k in range(_poisson(rng, s.interactive)):
+            token = f"@x{chat.index}.{k}@"
+            duration = rng.choice((rng.uniform(0.05, 1.0), rng.uniform(1.0, 20.0)))
+            script = Script(
+                chunks=((0.0, f"{token} ready\n".encode()),),
+                duration=duration,
+                exit_code=rng.choice((0, 0, 1)),
+                ignores_term=rng.random() < 0.1,
+                reader=Reader(
+                    capacity=rng.choice((16, 64, 512, 65536)),
+                    period=rng.uniform(0.001, 0.1),
+                    chunk=rng.choice((1, 7, 64, 4096)),
+                ),
+                echo_prefix=token.encode(),
+            )
+            args: dict[str, object] = {"command": f"sim-run {token}"}
+            how = rng.random()
+            if how < 0.55:
+                args["stdin"] = True
+            elif how < 0.9:
+                args["pty"] = {"rows": 24, "cols": 80}
+            start = CallPlan(token, f"toolu_{token}", "execute", args, script=script)
+            mode = rng.random()
+            if mode < 0.6:
+                start.background = True
+            elif mode < 0.9:
+                start.timeout_ms = max(1, int(duration * 1000 * rng.uniform(0.05, 0.5)))
+            message_id = f"ia{k}"
+            [start.call_id] = tool_call_ids(chat.chat_id, message_id, [start.provider_id])
+            block = [MessagePlan(message_id, "sequential", rng.random() >= 0.1, [start])]
+            n_messages = rng.randint(1, 3)
+            for m in range(n_messages):
+                inputs: list[CallPlan] = []
+                n_inputs = rng.choice((1, 1, 2, 3))
+                for j in range(n_inputs):
+                    itoken = f"<i{chat.index}.{k}.{m}.{j}>"
+                    size = rng.choice((0, 8, 40, 300, 2000))
+                    payload = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(0, size)))
+                    iargs: dict[str, object] = {
+                        "process_id": start.call_id,
+                        "data": f"{itoken}{payload}\n",
+                    }
+                    if m == n_messages - 1 and j == n_inputs - 1 and rng.random() < 0.3:
+                        iargs["eof"] = True
+                    wait = rng.choice((0, 0, 20, 300))
+                    if wait:
+                        iargs["wait_ms"] = wait
+                    inputs.append(CallPlan(itoken, f"toolu_{itoken}", "process_input", iargs))
+                mid = f"ia{k}.{m}"
+                ids = tool_call_ids(chat.chat_id, mid, [c.provider_id for c in inputs])
+                for call, call_id in zip(inputs, ids, strict=True):
+                    call.call_id = call_id
+                message = MessagePlan(
+                    mid,
+                    "parallel" if rng.random() < 0.6 else "sequential",
+                    rng.random() >= 0.1,
+                    inputs,
+                )
+                for share, move in ((s.cancel_share * 2, "cancel"), (s.takeover_share, "takeover")):
+                    if rng.random() < share:
+                        message.moves.append((rng.uniform(0, 0.3), move))
+                block.append(message)
+            at = rng.randint(0, len(chat.messages))
+            chat.messages[at:at] = block
+
+
+def _plan_kill_after(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Give some commands a hard deadline (`kill_after_ms`), shorter or longer than they run,
+    foreground, timed-out and background alike. A stream of its own."""
+    for chat in chats:
+        for message in chat.messages:
+            for call in message.calls:
+                script = call.script
+                if script is None or script.spawn_error is not None:
+                    continue
+                if rng.random() < s.kill_after_share:
+                    ms = int(script.duration * 1000 * rng.uniform(0.1, 1.6))
+                    call.args = {**call.args, "kill_after_ms": max(1, ms)}
+
+
+def _plan_closes(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+    """Close some chats (`close_chat`) during one of their messages. A stream of its own."""
+    for chat in chats:
+        if chat.messages and rng.random() < s.close_share:
+            message = rng.choice(chat.messages)
+            message.moves.append((rng.choice((rng.uniform(0, 0.05), rng.uniform(0, 3))), "close"))
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

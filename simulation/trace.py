@@ -79,7 +79,15 @@ class InterruptReq:
     turn_id: str | None = None
 
 
-Request = CallReq | AttachReq | DetachReq | CancelReq | ApproveReq | TurnReq | InterruptReq
+@dataclass(frozen=True, slots=True)
+class CloseChatReq:
+    chat: str
+    rid: int
+
+
+Request = (
+    CallReq | AttachReq | DetachReq | CancelReq | ApproveReq | TurnReq | InterruptReq | CloseChatReq
+)
 
 # Entry kinds. Layouts (after kind and time):
 REQ = "req"  # gen, conn, Request            applied by the agent
@@ -93,6 +101,8 @@ BOOT = "boot"  # gen, restored              a new agent started on the same jour
 EFFECT = "effect"  # gen, chat, call_id, what  a side effect happened (spawn / write / edit)
 SIGNAL = "signal"  # gen, chat, call_id, name   the agent signalled a call's process group
 REJECT = "reject"  # gen, req_entry, code        the agent refused the request (an `error`)
+SHUTDOWN = "shutdown"  # gen                  the agent of generation gen begins a graceful stop
+STOPPED = "stopped"  # gen, lost, survivors  its shutdown returned: writes lost, groups left
 FAULT = "fault"  # kind, detail
 NOTE = "note"  # text
 
@@ -175,6 +185,8 @@ def request_text(req: Request) -> str:
             return f"turn #{req.rid} {chat} {req.turn_id}{stream}: {calls}"
         case InterruptReq():
             return f"interrupt #{req.rid} {chat} turn={req.turn_id}"
+        case CloseChatReq():
+            return f"close_chat #{req.rid} {chat}"
     raise TypeError(req)
 
 
@@ -219,6 +231,10 @@ def event_text(ev: events.Event) -> str:
         case events.InterruptedEvent():
             ids = " ".join(short(c) for c in ev.call_ids)
             return f"interrupted #{ev.rid} {chat_label(ev.chat_id)} turn={ev.turn_id} [{ids}]"
+        case events.ChatClosedEvent():
+            ids = " ".join(short(c) for c in ev.call_ids)
+            procs = " ".join(short(c) for c in ev.process_ids)
+            return f"chat_closed #{ev.rid} {chat_label(ev.chat_id)} [{ids}] processes [{procs}]"
         case events.ErrorEvent():
             return (
                 f"error #{ev.rid} {ev.code} {chat_label(ev.chat_id)} {short(ev.call_id)} "
@@ -253,6 +269,10 @@ def entry_text(entry: Entry) -> str:
         return head + f"g{entry[2]} SIGNAL {entry[5]} {chat_label(entry[3])} {short(entry[4])}"
     if kind == REJECT:
         return head + f"g{entry[2]} refused request of entry {entry[3]}: {entry[4]}"
+    if kind == SHUTDOWN:
+        return head + f"g{entry[2]} AGENT SHUTDOWN begins"
+    if kind == STOPPED:
+        return head + f"g{entry[2]} agent stopped ({entry[3]} journal writes lost)"
     if kind == FAULT:
         return head + f"   fault {entry[2]} {entry[3]}"
     if kind == NOTE:

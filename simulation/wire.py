@@ -25,6 +25,7 @@ from toolwire.simulation.trace import (
     AttachReq,
     CallReq,
     CancelReq,
+    CloseChatReq,
     DetachReq,
     InterruptReq,
     Request,
@@ -132,6 +133,13 @@ class RecordingAgent:
             lambda: self._agent.interrupt(outbox, chat_id, turn_id, rid),
         )
 
+    def close_chat(self, outbox: Outbox, chat_id: str, rid: Any) -> None:
+        self._apply(
+            outbox,
+            CloseChatReq(chat_id, rid),
+            lambda: self._agent.close_chat(outbox, chat_id, rid),
+        )
+
 
 def _spec(spec: CallSpec) -> protocol.CallSpec:
     return protocol.CallSpec(
@@ -186,6 +194,8 @@ def to_message(req: Request) -> Any:
             )
         case InterruptReq():
             return protocol.Interrupt(chat_id=req.chat, turn_id=req.turn_id, rid=req.rid)
+        case CloseChatReq():
+            return protocol.CloseChat(chat_id=req.chat, rid=req.rid)
     raise TypeError(req)
 
 
@@ -231,6 +241,8 @@ def from_message(m: Any) -> events.Event | None:
             return events.TurnResultEvent(m.chat_id, m.turn_id, [_result(r) for r in m.results])
         case protocol.Interrupted():
             return events.InterruptedEvent(m.chat_id, m.turn_id, m.call_ids, m.rid)
+        case protocol.ChatClosed():
+            return events.ChatClosedEvent(m.chat_id, m.call_ids, m.process_ids, m.rid)
         case protocol.Error():
             return events.ErrorEvent(m.code, m.message, m.rid, m.chat_id, m.call_id)
         case protocol.Welcome():

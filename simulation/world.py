@@ -49,11 +49,14 @@ from toolwire.simulation.trace import (
     OPEN,
     REJECT,
     REQ,
+    SHUTDOWN,
     SIGNAL,
+    STOPPED,
     ApproveReq,
     AttachReq,
     CallReq,
     CancelReq,
+    CloseChatReq,
     DetachReq,
     InterruptReq,
     Request,
@@ -398,6 +401,37 @@ class World:
         await trio.sleep(self.rng.uniform(0.01, 1.5))
         await self.start_agent()
 
+    async def shutdown(self) -> None:
+        """Stop the agent gracefully (PROTOCOL.md 9.3, what SIGTERM to `toolwire serve` does):
+        `Agent.shutdown()` refuses requests, stops every group and saves the calls it stopped;
+        then the agent's tasks end, every connection closes (1001) and a new `Agent` starts on
+        the same journal. A shutdown that does not end within the kill grace plus 5 s is a
+        liveness violation (the agent is then stopped as by a crash)."""
+        agent = self.agent
+        if agent is None or self._agent_scope is None:
+            return
+        self.trace.add(SHUTDOWN, self.now(), self.gen)
+        self.trace.fault(self.now(), "shutdown", f"g{self.gen}")
+        with trio.move_on_after(self.plan.kill_grace_s + 5.0) as limit:
+            await agent.shutdown()
+        if limit.cancelled_caught:
+            self.stuck.append(f"the shutdown of g{self.gen} did not end in time")
+        self._agent_scope.cancel()
+        self.agent = None
+        self.agent_up = trio.Event()
+        # Everything was made durable: a write lost here is a violation (s.journal_lost).
+        lost = self.journal.crash()
+        # The groups the shutdown left alive (it must leave none), before the host reaps them.
+        survivors = tuple(p.owner for p in self.backend.running if p.group_alive())
+        self.trace.add(STOPPED, self.now(), self.gen, lost, survivors)
+        self.backend.kill_all(self.now())
+        for conn in list(self.conns):
+            if conn.alive:
+                self.drop(conn, "agent shut down (1001)", fault=False)
+        self.gen += 1
+        await trio.sleep(self.rng.uniform(0.01, 1.5))
+        await self.start_agent()
+
     # -- connections ---------------------------------------------------------------------------
 
     async def _open(self, replica: int) -> Conn | None:
@@ -612,6 +646,8 @@ class World:
                     )
                 case InterruptReq():
                     agent.interrupt(outbox, req.chat, req.turn_id, req.rid)
+                case CloseChatReq():
+                    agent.close_chat(outbox, req.chat, req.rid)
         except ToolwireError as exc:
             self.rejected(entry, exc.code)
             outbox.put(events.ErrorEvent(exc.code, exc.message, req.rid, req.chat, call_id))
@@ -689,6 +725,8 @@ class World:
                 self.trace.fault(self.now(), "stall", f"c{conn.id} {stall:.3f}s")
             elif kind == "crash":
                 await self.crash()
+            elif kind == "shutdown":
+                await self.shutdown()
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -77,7 +77,17 @@ def test_300_seeds_of_the_default_mix_keep_every_promise() -> None:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["calm", "retries", "takeover", "interrupts", "approvals", "crashes", "wire", "files"],
+    [
+        "calm",
+        "retries",
+        "takeover",
+        "interrupts",
+        "approvals",
+        "crashes",
+        "wire",
+        "files",
+        "interactive",
+    ],
 )
 def test_each_named_scenario_runs_clean(scenario: str) -> None:
     for seed in range(1000, 1015):
@@ -166,7 +176,52 @@ def test_every_planted_bug_has_a_test() -> None:
         "turn-missing-result",
         "write-ignores-expected",
         "kill-group-at-leader-exit",
+        "input-repeat-writes-again",
+        "kill-after-ignored",
+        "shutdown-says-canceled",
+        "close-leaves-groups",
     }
+
+
+@pytest.mark.parametrize(
+    ("plant", "expected"),
+    [
+        ("input-repeat-writes-again", {"n.written_twice", "n.written_missing"}),
+        ("kill-after-ignored", {"h.not_stopped"}),
+        ("shutdown-says-canceled", {"s.not_canceled"}),
+        ("close-leaves-groups", {"x.group_alive"}),
+    ],
+)
+def test_each_planted_section_9_bug_is_caught_within_30_interactive_seeds(
+    plant: str, expected: set[str]
+) -> None:
+    for seed in range(30):
+        result = run_world(seed, "interactive", plant=plant)
+        if expected & codes(result):
+            return
+    pytest.fail(f"{plant}: none of {sorted(expected)} in 30 seeds")
+
+
+def test_interactive_seeds_type_wait_cancel_stop_and_close() -> None:
+    """The interactive scenario does what it claims: inputs written, hard deadlines that
+    stopped commands, shutdowns that saved running calls, chats closed; every promise holds."""
+    seen: Counter[str] = Counter()
+    for seed in range(12):
+        result = run_world(seed, "interactive", keep_trace=True)
+        assert not unexpected(result), f"seed {seed}: {unexpected(result)[:3]}"
+        assert result.trace is not None
+        for line in result.trace:
+            if "<- result" in line and "bytes to process" in line:
+                seen["input written"] += 1
+            elif "kill_after_ms of" in line and "<- result" in line:
+                seen["hard deadline"] += 1
+            elif "agent shut down while" in line:
+                seen["shutdown"] += 1
+            elif "<- chat_closed" in line:
+                seen["chat closed"] += 1
+    assert seen["input written"] > 50, seen
+    for what in ("hard deadline", "shutdown", "chat closed"):
+        assert seen[what] > 0, seen
 
 
 # ---------------------------------------------------------------------------------------------
