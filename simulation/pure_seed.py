@@ -81,6 +81,7 @@ from toolwire.actors.results import (
     Outcome,
     Result,
     ToolReport,
+    text_killed_after,
 )
 from toolwire.actors.tools.files import Edit, EditFilesArgs, ReadFileArgs, WriteFileArgs
 from toolwire.actors.tools.process_args import ProcessOutputArgs, ProcessSignalArgs
@@ -378,8 +379,15 @@ class SeedWorld(World):
                     f"{label} canceled while a member of its group is alive",
                 )
         elif outcome is Outcome.TIMED_OUT:
+            kill_after_ms = plan.args.get("kill_after_ms")
+            # A hard deadline's stop (PROTOCOL.md 9.2) says so in its text; any other
+            # `timed_out` needs the call's timeout_ms.
             require(
-                plan.timeout_ms is not None,
+                plan.timeout_ms is not None
+                or (
+                    isinstance(kill_after_ms, int)
+                    and result.text == text_killed_after(kill_after_ms)
+                ),
                 "c.timed_out_without_timeout",
                 f"{label} timed out without timeout_ms",
             )
