@@ -253,6 +253,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),
     fx.StopGroup: lambda chat, e: chat.work.stop_group(e),
+    fx.WatchGroup: lambda chat, e: chat.work.watch_group(e),
     fx.KillGroup: lambda chat, e: chat.work.kill_group(e),
     fx.MarkTimedOut: lambda chat, e: chat.work.mark_timed_out(e),
     fx.StartTimer: lambda chat, e: chat.work.start_timer(e),

@@ -47,6 +47,7 @@ from toolwire.actors.effects import (
     GateExpired,
     GraceOver,
     GroupEmpty,
+    GroupGone,
     GroupStopped,
     Input,
     InterruptRequest,
@@ -85,6 +86,7 @@ from toolwire.actors.effects import (
     ToolFailed,
     ToolStopped,
     TurnRequest,
+    WatchGroup,
 )
 from toolwire.actors.events import (
     AcceptedEvent,
@@ -201,6 +203,9 @@ class GroupState:
     kill_after_ms: int | None = None
     # Its hard deadline passed with members alive: the stop is the deadline's, not a cancel's.
     killed_after: bool = False
+    # Spent, but a member that writes elsewhere may live on: the shell watches the group until
+    # it is empty (`WatchGroup`), and a close or a shutdown stops it meanwhile.
+    watched: bool = False
 
     @property
     def spent(self) -> bool:
@@ -986,8 +991,22 @@ class ChatState:
             self._maybe_drop_group(event.call_id, group)
 
     def _maybe_drop_group(self, call_id: str, group: GroupState) -> None:
-        if group.spent and group.stopping is None and group.kill_after_ms is None:
-            del self.groups[call_id]
+        """A spent group is kept, watched, until the shell finds it empty (`GroupGone`): a
+        member that left the output pipe (`nohup server >log 2>&1 &`) is still the chat's to
+        stop at a close or a shutdown (PROTOCOL.md 9.3, 9.6)."""
+        if (
+            group.spent
+            and group.stopping is None
+            and group.kill_after_ms is None
+            and not group.watched
+        ):
+            group.watched = True
+            self._emit(WatchGroup(call_id))
+
+    def _on_group_gone(self, event: GroupGone) -> None:
+        group = self.groups.get(event.call_id)
+        if group is not None and group.watched and group.stopping is None:
+            del self.groups[event.call_id]
 
     def _on_kill_after(self, event: KillAfter) -> None:
         """The hard deadline passed (9.2): the group is stopped as by a cancel; a call whose
@@ -1062,10 +1081,14 @@ class ChatState:
         those whose calls returned); returns them all, with those already being stopped."""
         stopped: list[str] = []
         for call_id, group in list(self.groups.items()):
-            if group.spent and group.stopping is None:
-                continue
             if group.stopping is None:
-                self._stop_group(call_id, unless_exited=False)
+                if group.spent:
+                    # Its command is over; only a member that lives on is stopped (the shell
+                    # checks, and feeds `AlreadyExited` for an empty group).
+                    group.stopping = "term"
+                    self._emit(StopGroup(call_id, self.config.kill_grace_s, False, "linger"))
+                else:
+                    self._stop_group(call_id, unless_exited=False)
             stopped.append(call_id)
         return stopped
 
@@ -1082,6 +1105,10 @@ class ChatState:
         (only a run that was still going is "canceled")."""
         group = self.groups.get(event.call_id)
         if group is not None:
+            if group.watched:
+                # A close or a shutdown found the watched group empty: nothing to stop.
+                del self.groups[event.call_id]
+                return
             if group.killed_after:
                 # Its hard deadline found no member alive: nothing was stopped (9.2).
                 group.killed_after = False
@@ -1600,6 +1627,7 @@ _HANDLER_NAMES: dict[type, str] = {
     GroupEmpty: "_on_group_empty",
     GraceOver: "_on_group_empty",
     GroupStopped: "_on_group_stopped",
+    GroupGone: "_on_group_gone",
     Deadline: "_on_deadline",
     GateExpired: "_on_gate_expired",
     KillAfter: "_on_kill_after",

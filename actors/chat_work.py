@@ -19,6 +19,7 @@ from toolwire.actors.effects import (
     Deadline,
     GraceOver,
     GroupEmpty,
+    GroupGone,
     GroupStopped,
     Input,
     KillGroup,
@@ -36,6 +37,7 @@ from toolwire.actors.effects import (
     ToolEnded,
     ToolFailed,
     ToolStopped,
+    WatchGroup,
 )
 from toolwire.actors.followers import Followers
 from toolwire.actors.tools import execute as execute_tool
@@ -226,14 +228,27 @@ class ChatWork:
         if effect.unless_exited and processes.has_exited(proc):
             self._feed(AlreadyExited(effect.call_id))
             return
-        if effect.reason == "kill_after":
+        if effect.reason in ("kill_after", "linger"):
             if not proc.handle.group_alive():
                 self._feed(AlreadyExited(effect.call_id))
                 return
-            proc.timed_out = True
+            if effect.reason == "kill_after":
+                proc.timed_out = True
+            # "linger": the command ended on its own; its listing keeps that exit.
         else:
             proc.canceled = True
         self._spawn(self._term_task, proc, effect.grace_s)
+
+    def watch_group(self, effect: WatchGroup) -> None:
+        proc = self.processes.get(effect.call_id)
+        if proc is None or not proc.handle.group_alive():
+            self._feed(GroupGone(effect.call_id))
+            return
+        self._spawn(self._watch_task, proc)
+
+    async def _watch_task(self, proc: processes.ProcessRecord) -> None:
+        await processes.watch_until_group_empty(proc)
+        self._feed(GroupGone(proc.process_id))
 
     async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:
         emptied = await runners.term_group(proc, grace_s)

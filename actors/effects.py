@@ -208,6 +208,13 @@ class GroupStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupGone:
+    """A watched group (`WatchGroup`) has no member left."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Deadline:
     """A call's `timeout_ms` passed; the snapshot is its command's at that moment."""
 
@@ -283,6 +290,7 @@ Input = (
     | GroupEmpty
     | GraceOver
     | GroupStopped
+    | GroupGone
     | Deadline
     | GateExpired
     | KillAfter
@@ -465,13 +473,24 @@ class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
     already exited is left alone and `AlreadyExited` is fed instead. `reason`: "cancel" (its
-    listing says canceled) or "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
-    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`)."""
+    listing says canceled), "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
+    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`) or
+    "linger" (a watched group, see `WatchGroup`: only stopped with a member alive, else
+    `AlreadyExited`; its listing keeps the shell's own exit)."""
 
     call_id: str
     grace_s: float
     unless_exited: bool
     reason: str = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchGroup:
+    """The command's shell exited and its output pipe closed, but a member may live on that
+    writes elsewhere (`nohup server >log 2>&1 &`): feed `GroupGone` once the group has no
+    member. Until then closing the chat or stopping the agent stops it (PROTOCOL.md 9.3, 9.6)."""
+
+    call_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,6 +546,7 @@ Effect = (
     | StopRun
     | Spawn
     | StopGroup
+    | WatchGroup
     | KillGroup
     | MarkTimedOut
     | StartTimer

@@ -676,6 +676,10 @@ def has_exited(record: ProcessRecord) -> bool:
 # cleans up for seconds costs 50 syscalls a second at most).
 GROUP_POLL_FIRST_S: Final = 0.001
 GROUP_POLL_MAX_S: Final = 0.02
+# A group watched after its command ended (only a member that left the output pipe is in it:
+# a server started with `nohup ... &`) is looked at no more than once a second: it may live
+# for hours, and nobody waits on it.
+GROUP_WATCH_MAX_S: Final = 1.0
 # After SIGKILL every member dies at once, but only the shell is ours to reap; the others are
 # reaped by init. Where nothing reaps them (the agent as PID 1 of a container without an init)
 # their zombies would keep the group non-empty forever, so the wait for that is bounded.
@@ -761,6 +765,14 @@ async def stop_past_deadline(record: ProcessRecord, grace_s: float) -> bool:
     record.notify()
     await terminate(record, grace_s)
     return True
+
+
+async def watch_until_group_empty(record: ProcessRecord) -> None:
+    """Return once the group has no member, however long that takes (see GROUP_WATCH_MAX_S)."""
+    delay = GROUP_POLL_FIRST_S
+    while record.handle.group_alive():
+        await trio.sleep(delay)
+        delay = min(delay * 2, GROUP_WATCH_MAX_S)
 
 
 async def wait_until_group_empty(record: ProcessRecord, timeout_s: float) -> bool:

@@ -388,12 +388,8 @@ def _shutdowns(
                 "s.journal_lost", f"g{g}: the shutdown left {lost} journal writes unsaved", eidx
             )
         for chat, call in survivors:
-            procs = ck.processes.get((chat, call)) or []
-            if not any(p.pipe_open_at(t) for p in procs):
-                # Its shell had exited and nothing held its output pipe before the shutdown:
-                # the agent no longer tracks such a group (a member that writes elsewhere, as
-                # `nohup x >/dev/null &` does, is out of its sight). Known gap, docs/simulation.md.
-                continue
+            # Also a group whose shell had exited and whose pipe nobody held: a member that
+            # writes elsewhere (`nohup x >/dev/null &`) is the agent's to stop all the same.
             ck.fail(
                 "s.group_survived",
                 f"g{g}: the group of {chat_label(chat)}/{short(call)} was alive when the "
@@ -454,7 +450,7 @@ def _closes(
     effects: dict[Key, list[tuple[int, float, int, str]]],
     first_in_gen: dict[tuple[int, str, str], int],
 ) -> None:
-    for idx, t_close, g, conn, req in closes:
+    for idx, _t_close, g, conn, req in closes:
         if idx in refused:
             continue
         got = closed_rx.get((conn, req.rid), [])
@@ -474,12 +470,7 @@ def _closes(
                     continue
                 for proc in procs:
                     spawned = [e for e in effects.get(key, []) if e[3] == "spawn" and e[2] == g]
-                    if (
-                        spawned
-                        and spawned[0][0] < idx
-                        and proc.pipe_open_at(t_close)  # the same gap as in (s): out of its sight
-                        and proc.group_alive_at(t_reply)
-                    ):
+                    if spawned and spawned[0][0] < idx and proc.group_alive_at(t_reply):
                         ck.fail(
                             "x.group_alive",
                             f"{chat_label(req.chat)}/{short(key[1])}: chat_closed was sent at "

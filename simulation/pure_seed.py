@@ -45,6 +45,7 @@ from toolwire.actors.effects import (
     FollowMode,
     GraceOver,
     GroupEmpty,
+    GroupGone,
     GroupStopped,
     Input,
     InterruptRequest,
@@ -63,6 +64,7 @@ from toolwire.actors.effects import (
     ToolEnded,
     ToolFailed,
     TurnRequest,
+    WatchGroup,
 )
 from toolwire.actors.events import (
     AcceptedEvent,
@@ -527,7 +529,7 @@ class SeedWorld(World):
         if effect.unless_exited and group.shell_death <= self.now:
             self.inbox.append(AlreadyExited(call_id))
             return
-        if effect.reason == "kill_after" and not group.alive(self.now):
+        if effect.reason in ("kill_after", "linger") and not group.alive(self.now):
             self.inbox.append(AlreadyExited(call_id))
             return
         if group.first_term is None:
@@ -547,6 +549,24 @@ class SeedWorld(World):
             self.later(max(0.0, when - self.now), over)
         else:
             self.later(effect.grace_s, over)
+
+    def watch_group(self, effect: WatchGroup) -> None:
+        """The shell looks at the group on a backoff of up to a second until it is empty."""
+        call_id = effect.call_id
+        group = self.groups_model.get(call_id)
+        if group is None or not group.alive(self.now):
+            self.inbox.append(GroupGone(call_id))
+            return
+
+        def look() -> None:
+            if self.groups_model.get(call_id) is not group:
+                return
+            if group.alive(self.now):
+                self.later(self.sim.rng.uniform(0.01, 1.0), look)
+            else:
+                self.feed(GroupGone(call_id))
+
+        self.later(max(0.0, group.empty_at() - self.now) + self.sim.rng.uniform(0, 1.0), look)
 
     def kill_group(self, effect: KillGroup) -> None:
         call_id = effect.call_id

@@ -31,6 +31,7 @@ from toolwire.actors.effects import (
     Follow,
     Forgotten,
     GroupEmpty,
+    GroupGone,
     GroupStopped,
     Input,
     JournalApproveTool,
@@ -59,6 +60,7 @@ from toolwire.actors.effects import (
     StopRun,
     ToolEnded,
     ToolStopped,
+    WatchGroup,
 )
 from toolwire.actors.events import (
     AcceptedEvent,
@@ -269,6 +271,8 @@ class World:
                 self.stop_group(effect)
             elif isinstance(effect, KillGroup):
                 self.kill_group(effect)
+            elif isinstance(effect, WatchGroup):
+                self.watch_group(effect)
             elif isinstance(effect, StartTimer):
                 self.start_timer(effect)
             elif isinstance(effect, CancelTimer):
@@ -310,13 +314,17 @@ class World:
         proc = self.procs[effect.call_id]
         if effect.unless_exited and proc.state != "running":
             self.inbox.append(AlreadyExited(effect.call_id))
-        elif effect.reason == "kill_after" and proc.state == "reaped":
+        elif effect.reason in ("kill_after", "linger") and proc.state == "reaped":
             self.inbox.append(AlreadyExited(effect.call_id))  # no member left
         else:
             proc.stopping = "term"
 
     def kill_group(self, effect: KillGroup) -> None:
         self.procs[effect.call_id].stopping = "kill"
+
+    def watch_group(self, effect: WatchGroup) -> None:
+        # This model has no member beyond the shell: a spent group is empty.
+        self.inbox.append(GroupGone(effect.call_id))
 
     def start_timer(self, effect: StartTimer) -> None:
         self.timers[effect.key] = effect.fire

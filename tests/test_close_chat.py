@@ -87,3 +87,33 @@ async def test_a_closed_chat_whose_records_are_forgotten_is_gone(live: LiveServe
     assert closed["call_ids"] == [] and closed["process_ids"] == []
     assert refused["code"] == "chat_closed"
     assert anew["type"] == "result"
+
+
+async def test_close_chat_stops_what_a_command_left_running_with_its_output_elsewhere(
+    live: LiveServer,
+) -> None:
+    """`nohup server >log 2>&1 &`: the command's shell exits at once and nothing holds its
+    output pipe, so the call completes and its process is listed as exited; the server it left
+    in its process group is still the chat's to stop at a close (9.6), as at a shutdown (9.3)."""
+    command = "nohup sleep 100 >/dev/null 2>&1 & echo $!"
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            started = await conn.call("c", "daemon", "execute", {"command": command})
+            other = await conn.call("other", "o", "execute", {"command": command})
+            daemon_pid, other_pid = int(started["output"]), int(other["output"])
+            assert alive(daemon_pid) and alive(other_pid)
+            await conn.send({"type": "close_chat", "chat_id": "c", "rid": 1})
+            closed = await wait_for(conn, lambda m: m["type"] == "chat_closed")
+            listed = await conn.call("other", "l", "process_list", {})
+            daemon_alive = alive(daemon_pid)
+            other_alive = alive(other_pid)
+            await conn.send({"type": "close_chat", "chat_id": "other", "rid": 2})
+            await wait_for(conn, lambda m: m["type"] == "chat_closed" and m["rid"] == 2)
+    assert started["outcome"] == "completed" and started["data"]["exit_code"] == 0
+    assert closed["call_ids"] == [] and closed["process_ids"] == ["daemon"]
+    assert not daemon_alive
+    # Another chat's is left alone, and its command still shows its own exit.
+    assert other_alive
+    [listing] = [p for p in listed["data"]["processes"] if p["process_id"] == "o"]
+    assert listing["running"] is False and listing["exit_code"] == 0
+    assert not alive(other_pid)
