@@ -38,6 +38,7 @@ from toolwire.actors.effects import (
     AttachRequest,
     CallRequest,
     CancelRequest,
+    CloseChatRequest,
     Deadline,
     Detach,
     DetachRequest,
@@ -56,6 +57,7 @@ from toolwire.actors.effects import (
     Publish,
     RunTool,
     SendReplay,
+    Shutdown,
     Spawn,
     Spawned,
     SpawnFailed,
@@ -70,6 +72,7 @@ from toolwire.actors.events import (
     AcceptedEvent,
     ApprovalEvent,
     CancelResultEvent,
+    ChatClosedEvent,
     ErrorEvent,
     Event,
     InterruptedEvent,
@@ -80,6 +83,7 @@ from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_FAILURE_BEFORE_RUN,
     TEXT_AGENT_RESTARTED,
+    TEXT_SHUTDOWN,
     Outcome,
     Result,
     ToolReport,
@@ -89,6 +93,14 @@ from toolwire.actors.tools.files import Edit, EditFilesArgs, ReadFileArgs, Write
 from toolwire.actors.tools.process_args import ProcessOutputArgs, ProcessSignalArgs
 from toolwire.actors.tools.registry import TOOLS
 from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, MemberRun, Script
+from toolwire.simulation.pure_lifecycle import (
+    CLOSED_REFUSALS,
+    SHUTTING_DOWN_CODE,
+    SHUTTING_DOWN_TEXT,
+    ChatLifecycle,
+    Shutdowns,
+    check_shutdown_result,
+)
 from toolwire.simulation.pure_world import Broken, Owed, World, require
 from toolwire.simulation.scenario import (
     SHARED_FILES,
@@ -108,11 +120,14 @@ from toolwire.simulation.trace import (
     OPEN,
     REJECT,
     REQ,
+    SHUTDOWN,
     SIGNAL,
+    STOPPED,
     ApproveReq,
     AttachReq,
     CallReq,
     CancelReq,
+    CloseChatReq,
     DetachReq,
     InterruptReq,
     Request,
@@ -265,6 +280,7 @@ class SeedWorld(World):
         self.cancel_named: set[str] = set()
         self.interrupted = False
         self.denied: set[str] = set()
+        self.lc = ChatLifecycle()  # its closes and shutdowns, for (s) and (x)
         super().__init__(
             config.journal_keeps_results,
             chat_id=chat.chat_id,
@@ -281,6 +297,7 @@ class SeedWorld(World):
         self.groups_model = {}
         self.followers = {}
         self.commit_due = self.read_due = False
+        self.lc.restarted()
 
     # -- scheduling on the seed's clock ------------------------------------------------------
 
@@ -352,6 +369,8 @@ class SeedWorld(World):
             self.followers.get(effect.call_id, set()).discard(effect.conn)
 
     def sent(self, conn: Any, event: Any) -> None:
+        if isinstance(event, ChatClosedEvent):
+            self.check_chat_closed(conn)
         super().sent(conn, event)
         if isinstance(event, ResultEvent | CancelResultEvent):
             self.truthful(event.call_id, event.result)
@@ -360,16 +379,88 @@ class SeedWorld(World):
                 self.truthful(call_id, result)
         self.sim.deliver(conn, event)
 
+    def check_chat_closed(self, conn: Any) -> None:
+        """(x): one `chat_closed` per request, and none while a group of the chat that
+        started before the close (this agent generation's) is alive."""
+        owed = self.owed[conn]
+        require(
+            owed.closed < owed.closes,
+            "x.reply_count",
+            f"c{conn} got a chat_closed no close_chat asked for",
+        )
+        closed_at = self.lc.closed_at
+        for call_id, group in sorted(self.groups_model.items()):
+            require(
+                closed_at is None or group.started > closed_at or not group.alive(self.now),
+                "x.group_alive",
+                f"{self.chat_id[:8]}/{call_id[:8]}: chat_closed was sent at {self.now:.4f}s "
+                "while a member of its group was alive",
+            )
+
+    def started(self, call_id: str, *, read_only: bool) -> None:
+        """(x): nothing of a closed chat takes effect after the close (in that generation)."""
+        closed_at = self.lc.closed_at
+        require(
+            read_only or closed_at is None,
+            "x.effect_after_close",
+            f"{self.chat_id[:8]}/{call_id[:8]} took effect at {self.now:.4f}s, after the chat "
+            f"was closed at {closed_at}s",
+        )
+        super().started(call_id, read_only=read_only)
+
+    def shutdown_begins(self) -> None:
+        """Before `Shutdown` is fed: the foreground commands whose shell runs now must end
+        `canceled` with 9.3's text (s)."""
+        self.lc.shut_done = False
+        for call_id, group in self.groups_model.items():
+            plan = self.sim.calls.get((self.chat_id, call_id))
+            if plan is None or plan.tool != "execute" or plan.background or group.crashed:
+                continue
+            if group.shell_death > self.now:
+                self.lc.shut_running.setdefault(call_id, self.now)
+
+    def shutdown_done(self) -> None:
+        """`ShutdownDone` (s): every group of the chat is gone by now."""
+        for call_id, group in sorted(self.groups_model.items()):
+            require(
+                group.crashed or not group.alive(self.now),
+                "s.group_survived",
+                f"{self.chat_id[:8]}/{call_id[:8]}: ShutdownDone while a member of its group "
+                "is alive",
+            )
+        self.lc.shut_done = True
+        self.sim.clock.after(0.0, self.sim.maybe_stopped)
+
+    def flush(self) -> None:
+        """The agent's last act of a shutdown: every queued journal write made durable."""
+        for _ in range(16):
+            if not self.pending_writes:
+                return
+            self.commit(len(self.pending_writes))
+
     def truthful(self, call_id: str, result: Result) -> None:
-        """(c) and (p): what a result says matches what the model of the world did."""
+        """(c), (p) and (s): what a result says matches what the model of the world did."""
         plan = self.sim.calls.get((self.chat_id, call_id))
         if plan is None:
             return
         outcome = result.outcome
         label = f"{self.chat_id[:8]}/{call_id[:8]}"
+        check_shutdown_result(
+            label,
+            call_id,
+            result,
+            self.lc,
+            self.sim.shutdowns,
+            plan.args.get("kill_after_ms"),
+            EPOCH_MS,
+        )
         if outcome is Outcome.CANCELED:
+            # A cancel, an interrupt, a close (9.6) or a shutdown (9.3, its text checked above).
             require(
-                call_id in self.cancel_named or self.interrupted,
+                call_id in self.cancel_named
+                or self.interrupted
+                or self.lc.ever_closed
+                or result.text == TEXT_SHUTDOWN,
                 "c.canceled_without_cancel",
                 f"{label} canceled but nobody canceled it",
             )
@@ -1003,6 +1094,10 @@ class Driver:
     def on_error(self, st: Msg, event: ErrorEvent) -> None:
         if not isinstance(event.rid, int):
             return
+        if event.code == SHUTTING_DOWN_CODE and event.message == SHUTTING_DOWN_TEXT:
+            # Refused while the agent stops: its connections close next, and the recovery
+            # after the restart sends again whatever has no answer.
+            return
         kind, call_id = st.kinds.get(event.rid, ("", None))
         if kind == "AttachReq" and call_id is not None and event.code == "unknown_call":
             if call_id not in st.results:  # the agent restarted before it was journaled
@@ -1090,6 +1185,11 @@ class Driver:
             target = move.split(":", 1)[1]
             self.sim.trace.fault(now, "early_cancel", f"chat {self.chat.index}")
             self.send(None, CancelReq(chat, self.rid(), (target,)))
+        elif move == "close":
+            # As the agent mode's driver: on its connection, no answer awaited; what it then
+            # asks for that is new gets `chat_closed`.
+            self.sim.trace.fault(now, "close_chat", f"chat {self.chat.index}")
+            self.send(None, CloseChatReq(chat, self.rid()))
 
     def recover(self, st: Msg) -> None:
         """On a new connection: the same ids again (a repeated call, an attach, the turn)."""
@@ -1134,6 +1234,8 @@ class PureSim:
         self.files = Files(plan.files)
         self.crashes = 0
         self.down = False
+        self.shutdowns = Shutdowns()
+        self.deferred: list[str] = []  # faults that came while the agent stopped
         self.waiting: list[Driver] = []
         self._rid = 0
         self._conn_ids = 0
@@ -1220,8 +1322,16 @@ class PureSim:
     def request(self, world: SeedWorld, conn: Conn, req: Request) -> bool:
         """Apply one request as the Session does: a refusal is an `error` on its connection."""
         entry = self.trace.add(REQ, self.clock.now, world.generation, conn.id, req)
+        if self.shutdowns.stopping:
+            # The Agent refuses every request while it stops (`Agent.chat`): no ChatState
+            # sees it.
+            code, message = SHUTTING_DOWN_CODE, SHUTTING_DOWN_TEXT
+            self.trace.add(REJECT, self.clock.now, world.generation, entry, code)
+            self.deliver(conn.id, ErrorEvent(code, message, req.rid, req.chat, _call_id_of(req)))
+            return False
         event, count = _as_input(conn.id, req)
         owed = world.owed[conn.id]
+        new_in_closed = world.lc.closed_at is not None and _starts_new(world, req)
         if isinstance(req, CancelReq):
             owed.cancels += len(req.call_ids)
             world.cancel_named.update(req.call_ids)
@@ -1231,6 +1341,9 @@ class PureSim:
         elif isinstance(req, TurnReq):
             owed.turns[req.turn_id] += 1
             world.turn_calls[req.turn_id] = [s.call_id for s in req.specs]
+        elif isinstance(req, CloseChatReq):
+            owed.closes += 1
+            world.lc.closed(self.clock.now)  # before: its reply may go out at once
         ok = [False]
         world.refusal = None
 
@@ -1245,15 +1358,36 @@ class PureSim:
                 owed.interrupts -= 1
             elif isinstance(req, TurnReq):
                 owed.turns[req.turn_id] -= 1
+            elif isinstance(req, CloseChatReq):
+                owed.closes -= 1
             code = world.refusal.code if world.refusal is not None else "refused"
             message = world.refusal.message if world.refusal is not None else ""
             self.trace.add(REJECT, self.clock.now, world.generation, entry, code)
             self.deliver(conn.id, ErrorEvent(code, message, req.rid, req.chat, _call_id_of(req)))
+        if self.broken is None and new_in_closed:
+            # (x): nothing new starts in a closed chat.
+            refusal = world.refusal.code if world.refusal is not None else None
+            if ok[0] or refusal not in CLOSED_REFUSALS:
+                self.fail(
+                    "x.new_call_taken",
+                    f"{world.chat_id[:8]}: a new call in the closed chat was not refused with "
+                    f"chat_closed (entry {entry})",
+                )
         return ok[0]
+
+    def fail(self, code: str, message: str) -> None:
+        if self.broken is None:
+            self.broken = Broken(code, message)
+            self.failed_at = len(self.trace.entries)
 
     # -- faults --------------------------------------------------------------------------------
 
     def fault(self, kind: str) -> None:
+        if self.shutdowns.stopping:
+            # The agent mode plays its faults one after the other: what comes while a
+            # shutdown runs waits until the agent is back.
+            self.deferred.append(kind)
+            return
         live = [c for c in self.conns.values() if c.alive]
         now = self.clock.now
         if kind == "drop" and live:
@@ -1265,6 +1399,69 @@ class PureSim:
             self.trace.fault(now, "stall", f"c{conn.id} {stall:.3f}s")
         elif kind == "crash" and not self.down:
             self.crash()
+        elif kind == "shutdown" and not self.down:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """A graceful stop (PROTOCOL.md 9.3): `Shutdown` to every chat; requests are refused
+        until the restart; once every chat said `ShutdownDone`, the journal is made durable
+        and the agent restarts on it (`maybe_stopped`)."""
+        now = self.clock.now
+        gen = self.worlds[0].generation if self.worlds else 0
+        self.trace.add(SHUTDOWN, now, gen)
+        self.trace.fault(now, "shutdown", f"g{gen}")
+        self.shutdowns.begin(now)
+        which = len(self.shutdowns.spans)
+        for world in self.worlds:
+            world.shutdown_begins()
+            self.step(world, lambda world=world: world.feed(Shutdown()))  # type: ignore[misc]
+
+        def overdue() -> None:
+            if self.shutdowns.stopping and len(self.shutdowns.spans) == which:
+                self.fail("l.stuck", f"the shutdown of g{gen} did not end in time")
+
+        # As the agent mode allows: the kill grace plus 5 s.
+        self.clock.after(self.plan.kill_grace_s + 5.0, overdue)
+
+    def maybe_stopped(self) -> None:
+        """Every chat's part is over: the agent makes every queued journal write durable,
+        closes every connection (1001) and a new agent starts on the journal. Nothing is
+        lost, unlike a crash."""
+        if not self.shutdowns.stopping or not all(w.lc.shut_done for w in self.worlds):
+            return
+        if self.broken is not None:
+            return
+        now = self.clock.now
+        gen = self.worlds[0].generation if self.worlds else 0
+        for world in self.worlds:
+            self.step(world, world.flush)
+        if self.broken is not None:
+            return
+        lost = sum(len(w.pending_writes) for w in self.worlds)
+        survivors = tuple(
+            (w.chat_id, call_id)
+            for w in self.worlds
+            for call_id, group in sorted(w.groups_model.items())
+            if not group.crashed and group.alive(now)
+        )
+        self.trace.add(STOPPED, now, gen, lost, survivors)
+        if lost:
+            self.fail("s.journal_lost", f"g{gen}: the shutdown left {lost} journal writes unsaved")
+            return
+        if survivors:
+            chat, call_id = survivors[0]
+            self.fail(
+                "s.group_survived",
+                f"g{gen}: the group of {chat[:8]}/{call_id[:8]} was alive when the shutdown ended",
+            )
+            return
+        self.shutdowns.end(now)
+        self.down = True
+        for world in self.worlds:
+            world.crash()  # the host reaps what is left (nothing) and every timer is void
+        for conn in list(self.conns.values()):
+            self.drop(conn, "agent shut down (1001)", fault=False)
+        self.clock.after(self.rng.uniform(0.01, 1.5), self.boot)
 
     def crash(self) -> None:
         now = self.clock.now
@@ -1296,6 +1493,9 @@ class PureSim:
         waiting, self.waiting = self.waiting, []
         for driver in waiting:
             driver.reconnect()
+        deferred, self.deferred = self.deferred, []
+        for kind in deferred:
+            self.fault(kind)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -1326,6 +1526,13 @@ class PureSim:
         violations = [f"[l.stuck] {text}" for text in stuck]
         for world in self.worlds:
             try:
+                for conn in world.conns:
+                    owed = world.owed[conn]
+                    require(
+                        owed.closed == owed.closes,
+                        "x.reply_count",
+                        f"c{conn}: {owed.closed} chat_closed for {owed.closes} close_chat",
+                    )
                 world.check_all_answered()
                 require(
                     not world.state._replies,
@@ -1335,6 +1542,18 @@ class PureSim:
             except Broken as broken:
                 violations.append(str(broken))
         return violations
+
+
+def _starts_new(world: SeedWorld, req: Request) -> bool:
+    """A `call` or `turn` that would create a record (9.6: refused in a closed chat)."""
+    records = world.state.records
+    if isinstance(req, CallReq):
+        return records.get(req.spec.call_id) is None
+    if isinstance(req, TurnReq):
+        return req.turn_id not in world.state.turns and any(
+            records.get(s.call_id) is None for s in req.specs
+        )
+    return False
 
 
 def _call_id_of(req: Request) -> str | None:
@@ -1359,6 +1578,8 @@ def _as_input(conn: int, req: Request) -> tuple[Input, int]:
             return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid), 1
         case InterruptReq():
             return InterruptRequest(conn, req.turn_id, req.rid), 1
+        case CloseChatReq():
+            return CloseChatRequest(conn, req.rid), 1
     raise TypeError(req)
 
 

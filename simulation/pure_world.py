@@ -53,6 +53,7 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShutdownDone,
     Spawn,
     Spawned,
     StartTimer,
@@ -281,6 +282,8 @@ class World:
                 self.reads.append(effect.call_ids)
             elif isinstance(effect, Forgotten):
                 self.life[effect.call_id] += 1
+            elif isinstance(effect, ShutdownDone):
+                self.shutdown_done()
             elif isinstance(effect, CallEnded | MarkTimedOut):
                 pass
             else:  # pragma: no cover - a new effect the machine must learn
@@ -300,6 +303,9 @@ class World:
 
     def detach(self, effect: Detach) -> None:
         pass
+
+    def shutdown_done(self) -> None:
+        """The chat's part of a shutdown is over (the agent then makes the journal durable)."""
 
     def stop_run(self, effect: StopRun) -> None:
         if self.tasks.pop(effect.call_id, None) is not None:

@@ -661,3 +661,56 @@ def test_toolwire_sim_counts_the_seeds_of_each_mode(tmp_path: Path) -> None:
     assert sum(summary["modes"].values()) == 30
     assert summary["modes"].get("wire", 0) == summary["wire_seeds"]
     assert summary["modes"].get("pure", 0) > 0 and summary["modes"].get("agent", 0) > 0
+
+
+def test_pure_interactive_seeds_close_chats_and_shut_down_and_keep_every_promise() -> None:
+    """The pure mode plays the plans' `close` moves and `shutdown` faults (PROTOCOL.md 9.6,
+    9.3), not skips them: chats are closed and new calls refused with `chat_closed`; every
+    shutdown refuses requests while it runs, saves the calls it stopped with 9.3's text, ends
+    with no journal write lost and is followed by a restart; every promise holds."""
+    seen: Counter[str] = Counter()
+    for seed in range(40):
+        result = run_pure_seed(seed, "interactive", keep_trace=True)
+        assert not result.violations, (
+            f"seed {seed}: replay with `toolwire sim --seed {seed} --scenario interactive "
+            f"--mode pure --trace`\n" + "\n".join(result.violations[:5])
+        )
+        assert result.trace is not None
+        for line in result.trace:
+            if "<- chat_closed" in line:
+                seen["chat closed"] += 1
+            elif "refused request" in line and line.endswith(": chat_closed"):
+                seen["new call refused"] += 1
+            elif "refused request" in line and line.endswith(": internal"):
+                seen["refused while stopping"] += 1
+            elif "AGENT SHUTDOWN begins" in line:
+                seen["shutdown"] += 1
+            elif "agent stopped (0 journal writes lost)" in line:
+                seen["stopped, nothing lost"] += 1
+            elif "agent boot" in line:
+                seen["boot"] += 1
+            elif "<- result" in line and "agent shut down while" in line:
+                seen["saved with the shutdown's text"] += 1
+    assert seen["chat closed"] >= 10 and seen["new call refused"] >= 10, seen
+    assert seen["shutdown"] >= 10 and seen["saved with the shutdown's text"] >= 10, seen
+    assert seen["refused while stopping"] > 0, seen
+    # Every shutdown ended without losing a write, and the agent came back on its journal.
+    assert seen["stopped, nothing lost"] == seen["shutdown"], seen
+    assert seen["boot"] >= 40 + seen["shutdown"], seen
+
+
+@pytest.mark.parametrize(
+    ("plant", "expected"),
+    [
+        ("shutdown-says-canceled", "s.not_canceled"),
+        ("close-leaves-groups", "x.group_alive"),
+    ],
+)
+def test_the_planted_close_and_shutdown_bugs_are_caught_in_pure_mode_within_30_seeds(
+    plant: str, expected: str
+) -> None:
+    for seed in range(30):
+        result = run_pure_seed(seed, "interactive", plant=plant)
+        if expected in codes(result):
+            return
+    pytest.fail(f"{plant}: no {expected} violation in 30 pure interactive seeds")
