@@ -59,7 +59,7 @@ from toolwire.actors.results import (
 )
 from toolwire.simulation.checks_interactive import check_interactive
 from toolwire.simulation.processes import CRASH_KILL, SPAWN_OSERROR, SPAWN_RAISES, SimProcess
-from toolwire.simulation.scenario import CallPlan
+from toolwire.simulation.scenario import EPOCH_MS, CallPlan
 from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
@@ -83,7 +83,6 @@ from toolwire.simulation.trace import (
     chat_label,
     short,
 )
-from toolwire.simulation.world import EPOCH_MS
 
 EFFECTFUL = frozenset({"execute", "write_file", "edit_files"})
 # Slack for virtual-time sums (a deadline computed as now + grace by another path).

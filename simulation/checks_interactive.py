@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from toolwire.actors import events
 from toolwire.actors.results import TEXT_SHUTDOWN, Result, text_killed_after
 from toolwire.actors.terminal import DEFAULT_EOF_CHAR
+from toolwire.simulation.scenario import EPOCH_MS
 from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
@@ -44,7 +45,6 @@ from toolwire.simulation.trace import (
     chat_label,
     short,
 )
-from toolwire.simulation.world import EPOCH_MS
 
 if TYPE_CHECKING:
     from toolwire.simulation.checker import Checker

@@ -18,7 +18,14 @@ import trio
 
 from toolwire.actors import events
 from toolwire.actors.results import Outcome, Result
-from toolwire.simulation.scenario import CallPlan, ChatPlan, MessagePlan, RmwPlan, rmw_token
+from toolwire.simulation.scenario import (
+    CallPlan,
+    ChatPlan,
+    MessagePlan,
+    RmwPlan,
+    rmw_call,
+    rmw_token,
+)
 from toolwire.simulation.trace import (
     NOTE,
     ApproveReq,
@@ -32,7 +39,6 @@ from toolwire.simulation.trace import (
     TurnReq,
 )
 from toolwire.simulation.world import Conn, Inbox, Reroute, World
-from toolwire.transport.ids import tool_call_ids
 
 # The reply-order moves (PROTOCOL.md 9.9), drawn per message (scenario.reply_order_share).
 REPLY_ORDER_MOVES = ("detach-after-call", "repeat-during-replay", "attach-ahead")
@@ -178,21 +184,7 @@ class ChatDriver:
     def _rmw_call(
         self, plan: MessagePlan, attempt: int, step: str, tool: str, args: dict[str, object]
     ) -> CallPlan:
-        assert plan.rmw is not None
-        token = rmw_token(self.chat.index, plan.message_id, attempt, step)
-        provider_id = f"toolu_{token}"
-        [call_id] = tool_call_ids(
-            self.chat.chat_id, f"{plan.message_id}.{attempt}{step}", [provider_id]
-        )
-        call = CallPlan(
-            token=token,
-            provider_id=provider_id,
-            tool=tool,
-            args=args,
-            call_id=call_id,
-            gated=tool in self.world.plan.approve_tools,
-            shared_path=plan.rmw.path,
-        )
+        call = rmw_call(self.world.plan, self.chat, plan, attempt, step, tool, args)
         self.world.register_call(self.chat.chat_id, call)
         return call
 

@@ -103,11 +103,13 @@ from toolwire.simulation.pure_lifecycle import (
 )
 from toolwire.simulation.pure_world import Broken, Owed, World, require
 from toolwire.simulation.scenario import (
+    EPOCH_MS,
     SHARED_FILES,
     CallPlan,
     ChatPlan,
     MessagePlan,
     Plan,
+    rmw_call,
     rmw_token,
 )
 from toolwire.simulation.trace import (
@@ -134,10 +136,7 @@ from toolwire.simulation.trace import (
     Trace,
     TurnReq,
 )
-from toolwire.transport.ids import tool_call_ids
 
-# Wall clock at virtual time 0, as in the agent mode (simulation/world.py).
-EPOCH_MS = 1_767_225_600_000
 RUN_DEADLINE_S = 900.0
 RESULT_CACHE_SIZES = (0, 1, 3, 1024)
 _EPS = 1e-9
@@ -1044,23 +1043,9 @@ class Driver:
     def rmw_call(
         self, plan: MessagePlan, attempt: int, step: str, tool: str, args: dict[str, object]
     ) -> CallPlan:
-        assert plan.rmw is not None
-        token = rmw_token(self.chat.index, plan.message_id, attempt, step)
-        provider_id = f"toolu_{token}"
-        [call_id] = tool_call_ids(
-            self.chat.chat_id, f"{plan.message_id}.{attempt}{step}", [provider_id]
-        )
-        call = CallPlan(
-            token=token,
-            provider_id=provider_id,
-            tool=tool,
-            args=args,
-            call_id=call_id,
-            gated=tool in self.sim.plan.approve_tools,
-            shared_path=plan.rmw.path,
-        )
-        assert call_id is not None  # the one provider id of a step is never unusable
-        self.sim.calls[(self.chat.chat_id, call_id)] = call
+        call = rmw_call(self.sim.plan, self.chat, plan, attempt, step, tool, args)
+        assert call.call_id is not None
+        self.sim.calls[(self.chat.chat_id, call.call_id)] = call
         return call
 
     # -- events --------------------------------------------------------------------------------
@@ -1423,6 +1408,9 @@ class PureSim:
         # As the agent mode allows: the kill grace plus 5 s.
         self.clock.after(self.plan.kill_grace_s + 5.0, overdue)
 
+    def failed(self) -> bool:
+        return self.broken is not None
+
     def maybe_stopped(self) -> None:
         """Every chat's part is over: the agent makes every queued journal write durable,
         closes every connection (1001) and a new agent starts on the journal. Nothing is
@@ -1435,7 +1423,7 @@ class PureSim:
         gen = self.worlds[0].generation if self.worlds else 0
         for world in self.worlds:
             self.step(world, world.flush)
-        if self.broken is not None:
+        if self.failed():  # a flush can break a promise (step records it)
             return
         lost = sum(len(w.pending_writes) for w in self.worlds)
         survivors = tuple(

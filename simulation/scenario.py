@@ -18,6 +18,10 @@ from toolwire.actors.chat import CallSpec
 from toolwire.simulation.processes import SPAWN_OSERROR, SPAWN_RAISES, Member, Reader, Script
 from toolwire.transport.ids import tool_call_ids
 
+# Wall clock of the simulated host at virtual time 0 (2026-01-01T00:00:00Z): timestamps in
+# results are then plausible unix milliseconds, and a pure function of the virtual clock.
+EPOCH_MS = 1_767_225_600_000
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -280,6 +284,33 @@ def rmw_token(chat: int, message_id: str, attempt: int, step: str) -> str:
     """The token of one step of a cycle: unique per call, and no token is a substring of
     another (the closing "@"), so an edit's `old` (a first line) occurs exactly once."""
     return f"@rmw{chat}.{message_id}.{attempt}{step}@"
+
+
+def rmw_call(
+    plan: Plan,
+    chat: ChatPlan,
+    message: MessagePlan,
+    attempt: int,
+    step: str,
+    tool: str,
+    args: dict[str, object],
+) -> CallPlan:
+    """One step of a read-modify-write cycle, made at run time (its args depend on what was
+    read), with Coder-style ids from the cycle, the attempt and the step."""
+    assert message.rmw is not None
+    token = rmw_token(chat.index, message.message_id, attempt, step)
+    provider_id = f"toolu_{token}"
+    [call_id] = tool_call_ids(chat.chat_id, f"{message.message_id}.{attempt}{step}", [provider_id])
+    assert call_id is not None  # the one provider id of a step is never unusable
+    return CallPlan(
+        token=token,
+        provider_id=provider_id,
+        tool=tool,
+        args=args,
+        call_id=call_id,
+        gated=tool in plan.approve_tools,
+        shared_path=message.rmw.path,
+    )
 
 
 _TEXT_PIECES = ("ok", "building", "warning: x", "é", "naïve", "漢字", "🙂", "done", "ünïcödé")

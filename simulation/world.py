@@ -37,7 +37,7 @@ from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files as file_tools
 from toolwire.simulation.journal import SimJournal
 from toolwire.simulation.processes import Script, SimBackend, SimProcess
-from toolwire.simulation.scenario import CallPlan, Plan
+from toolwire.simulation.scenario import EPOCH_MS, CallPlan, Plan
 from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
@@ -66,10 +66,6 @@ from toolwire.simulation.trace import (
 from toolwire.simulation.wire import SUBPROTOCOL_NAMES, RecordingAgent, from_message, to_message
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding
 from toolwire.transport.server import Server, ServerConfig
-
-# Wall clock of the simulated host at virtual time 0 (2026-01-01T00:00:00Z): timestamps in
-# results are then plausible unix milliseconds, and a pure function of the trio clock.
-EPOCH_MS = 1_767_225_600_000
 
 T = TypeVar("T")
 
