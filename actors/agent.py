@@ -94,6 +94,7 @@ class Agent:
                 # meanwhile is the server's probes and the tasks restored records started.
                 await trio.lowlevel.checkpoint()
         self._recover_approvals()
+        self._recover_closed()
         return recovered
 
     def _recover_approvals(self) -> None:
@@ -110,6 +111,19 @@ class Agent:
                 stale[chat_id] = None
         for chat_id in stale:
             journal.forget_approvals(chat_id)
+
+    def _recover_closed(self) -> None:
+        """Chats closed before the restart (9.6) stay closed while they have records. One with
+        none left (a crash between forgetting its last record and its close) is gone: "a
+        closed chat whose records are all forgotten is gone, and its id may be used again",
+        so its close row is dropped now."""
+        journal = self.ctx.journal
+        for chat_id in journal.load_closed():
+            chat = self.chats.get(chat_id)
+            if chat is not None and chat.records:
+                chat.restore_closed()
+            else:
+                journal.forget_closed(chat_id)
 
     def chat(self, chat_id: str) -> ChatActor:
         if self.stopping:

@@ -170,6 +170,9 @@ class ChatActor:
     def restore_approval(self, tool: str) -> None:
         self._request(fx.ApprovalRestored(tool))
 
+    def restore_closed(self) -> None:
+        self._request(fx.ClosedRestored())
+
     def sweep(self) -> None:
         """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
         self._request(fx.Sweep())
@@ -248,6 +251,8 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.JournalDelete: lambda chat, e: chat._journal.delete(e),
     fx.JournalApproveTool: lambda chat, e: chat._journal.approve_tool(e),
     fx.JournalForgetApprovals: lambda chat, e: chat._journal.forget_approvals(e),
+    fx.JournalClose: lambda chat, e: chat._journal.close(e),
+    fx.JournalReopen: lambda chat, e: chat._journal.reopen(e),
     fx.ReadBack: lambda chat, e: chat._journal.read_back(e),
     fx.RunTool: lambda chat, e: chat.work.run_tool(e),
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),

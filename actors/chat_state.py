@@ -36,6 +36,8 @@ from toolwire.actors.effects import (
     CancelRequest,
     CancelTimer,
     CloseChatRequest,
+    ClosedRestored,
+    CloseDurable,
     Conn,
     Deadline,
     Detach,
@@ -52,9 +54,11 @@ from toolwire.actors.effects import (
     Input,
     InterruptRequest,
     JournalApproveTool,
+    JournalClose,
     JournalDelete,
     JournalFailed,
     JournalForgetApprovals,
+    JournalReopen,
     JournalTouch,
     JournalWrite,
     KillAfter,
@@ -133,6 +137,12 @@ from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, par
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
 # chat (ten thousand idle chats). Nothing is added to them outside `handle`.
 _IDLE: list[Any] = []
+
+# Where a closed chat's close row is (9.6): none (open, or no journal), queued (its
+# `chat_closed` waits for it), durable (it survives a restart until the records are forgotten).
+_NO_CLOSE_ROW = 0
+_CLOSE_QUEUED = 1
+_CLOSE_DURABLE = 2
 
 
 @dataclass(frozen=True)
@@ -260,6 +270,7 @@ class ChatState:
     # Ten thousand chats: an instance dict would cost each about 500 bytes more.
     __slots__ = (
         "_active_turns",
+        "_close_row",
         "_lane",
         "_lane_held",
         "_launching",
@@ -297,6 +308,7 @@ class ChatState:
         self.approved_tools: tuple[str, ...] = ()
         # `close_chat` (9.6): nothing new starts until its records are all forgotten.
         self.closed = False
+        self._close_row = _NO_CLOSE_ROW
         # The agent is stopping (9.3): calls it stops end with the shutdown's text.
         self.shutting_down = False
         # Executes launched but not spawned yet: each holds a process slot (a burst of calls
@@ -543,7 +555,10 @@ class ChatState:
     def _on_close_chat(self, req: CloseChatRequest) -> None:
         """Close the chat (9.6): every unresolved call ends as by `interrupt`, every process
         group with a member left (background and timed-out ones too) is stopped as by a
-        cancel, and `chat_closed` says which once all of it is over."""
+        cancel, and `chat_closed` says which once all of it is over, and once the close is
+        durable: a close a client was told of survives a restart (until the records are all
+        forgotten); a crash before that leaves the chat open, and the client's repeat closes
+        it again."""
         self.closed = True
         targets = [r for r in self.records if r.tool is not None and not r.done]
         ending = [r for r in self.records if r.done and not r.published]
@@ -553,11 +568,20 @@ class ChatState:
         stopped = self._stop_every_group()
         for record in targets:
             self._cancel_one(record.call_id)
+        if self.config.journal_enabled and self._close_row == _NO_CLOSE_ROW:
+            # After the rows of the gates it closed (commits keep their order): a close that
+            # survives a crash never finds a gate parked again that could still be approved.
+            self._close_row = _CLOSE_QUEUED
+            self._emit(JournalClose(self._wall_ms, CloseDurable()))
 
         def chat_closed(ended: list[str]) -> Event:
             return ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
 
-        self._reply_when_quiet(req.conn, targets, ending, turns, stopped, chat_closed)
+        self._reply_when_quiet(req.conn, targets, ending, turns, stopped, chat_closed, closing=True)
+
+    def _on_close_durable(self, event: CloseDurable) -> None:
+        if self._close_row == _CLOSE_QUEUED:
+            self._close_row = _CLOSE_DURABLE  # the replies waiting for it go out (_settle)
 
     def _reply_when_quiet(
         self,
@@ -567,11 +591,13 @@ class ChatState:
         turns: list[TurnState],
         stopped: list[str],
         reply: Callable[[list[str]], Event],
+        *,
+        closing: bool = False,
     ) -> None:
         """The reply of an interrupt or a close, once what it ended is over: every target and
         every call ending on its own published, every turn's turn_result sent, every stopped
-        group gone. It names the targets the request ended; one that finished on its own
-        first kept its real result and was not ended by it."""
+        group gone; for a close, its row durable too. It names the targets the request ended;
+        one that finished on its own first kept its real result and was not ended by it."""
         watched = [*targets, *ending]
         for record in watched:
             record.pin()
@@ -581,6 +607,7 @@ class ChatState:
                 all(r.published for r in watched)
                 and all(t.done for t in turns)
                 and not any(call_id in self.groups for call_id in stopped)
+                and not (closing and self._close_row == _CLOSE_QUEUED)
             )
 
         def fire() -> None:
@@ -1485,8 +1512,13 @@ class ChatState:
                 for turn_id, run in list(self.turns.items()):
                     if run.done and record.call_id in run.call_ids:
                         del self.turns[turn_id]
-        if self.closed and not self.records:
-            self.closed = False  # gone: its id may be used again (9.6)
+        if self.closed and not self.records and self._close_row != _CLOSE_QUEUED:
+            # Gone: its id may be used again (9.6), also after a restart. (A close still on
+            # its way to disk stays until it lands: its reply waits for it.)
+            self.closed = False
+            if self._close_row == _CLOSE_DURABLE:
+                self._close_row = _NO_CLOSE_ROW
+                self._emit(JournalReopen())
         if self.approved_tools and not self.records:
             # "For as long as the chat has records" (9.5): the approval goes with the last one.
             self.approved_tools = ()
@@ -1583,6 +1615,12 @@ class ChatState:
             self.approved_tools += (event.tool,)
         self._open_approved(event.tool)
 
+    def _on_closed_restored(self, event: ClosedRestored) -> None:
+        """Closed before a restart (its close row was durable): still closed, while it has
+        records (the agent drops the row of a chat that has none)."""
+        self.closed = True
+        self._close_row = _CLOSE_DURABLE
+
     # -----------------------------------------------------------------------------------------
 
     def _closed_error(self) -> ToolwireError:
@@ -1634,6 +1672,8 @@ _HANDLER_NAMES: dict[type, str] = {
     ResultsRead: "_on_results_read",
     Restored: "_on_restored",
     ApprovalRestored: "_on_approval_restored",
+    ClosedRestored: "_on_closed_restored",
+    CloseDurable: "_on_close_durable",
     Shutdown: "_on_shutdown",
     Sweep: "_on_sweep",
 }

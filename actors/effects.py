@@ -257,6 +257,16 @@ class ApprovalRestored:
 
 
 @dataclass(frozen=True, slots=True)
+class ClosedRestored:
+    """This chat was closed (9.6) before the restart, and the close row was durable."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseDurable:
+    """The journal holds the chat's close row: its `chat_closed` may be sent."""
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """The agent stops (PROTOCOL.md 9.3): every running call is stopped and saved, every
     process group stopped; nothing new starts. `ShutdownDone` says when it is over."""
@@ -297,6 +307,8 @@ Input = (
     | ResultsRead
     | Restored
     | ApprovalRestored
+    | ClosedRestored
+    | CloseDurable
     | Shutdown
     | Sweep
 )
@@ -430,6 +442,20 @@ class JournalForgetApprovals:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalClose:
+    """Write the chat's close row (9.6: it outlives a restart until the records are all
+    forgotten); feed `then` once it is durable."""
+
+    closed_at_ms: int
+    then: CloseDurable
+
+
+@dataclass(frozen=True, slots=True)
+class JournalReopen:
+    """Delete the chat's close row: its records are all forgotten, its id is free again."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReadBack:
     """Read these calls' saved results back from the journal; feed `ResultsRead`."""
 
@@ -541,6 +567,8 @@ Effect = (
     | JournalDelete
     | JournalApproveTool
     | JournalForgetApprovals
+    | JournalClose
+    | JournalReopen
     | ReadBack
     | RunTool
     | StopRun

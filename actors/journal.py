@@ -43,9 +43,11 @@ from toolwire.actors.results import Result
 
 log = logging.getLogger("toolwire.journal")
 
-# 2 added `chat_approvals` (approve with scope "chat", PROTOCOL.md 9.5); a version 1 journal is
-# upgraded in place when opened (the new table starts empty: no chat had such an approval).
-SCHEMA_VERSION = 2
+# 2 added `chat_approvals` (approve with scope "chat", PROTOCOL.md 9.5); 3 added `closed_chats`
+# (close_chat, 9.6). An older journal is upgraded in place when opened: each new table starts
+# empty (no chat had such an approval; no close was kept across a restart before).
+SCHEMA_VERSION = 3
+_UPGRADABLE = ("1", "2")
 
 # `toolwire serve --sync`: what a commit waits for (SQLite's `synchronous`, in WAL mode).
 # FULL: the WAL is fsynced at every commit, so a commit survives a power loss or a kernel crash.
@@ -125,6 +127,18 @@ class Journal(ABC):
     def load_approvals(self) -> list[tuple[str, str]]:
         """Every `(chat_id, tool)` approved, for recovery at start (after the records)."""
 
+    @abstractmethod
+    def mark_closed(self, chat_id: str, closed_at_ms: int) -> int:
+        """Queue "`chat_id` is closed" (`close_chat`, 9.6); returns its sequence number."""
+
+    @abstractmethod
+    def forget_closed(self, chat_id: str) -> None:
+        """Queue the removal of the chat's close (its records are all forgotten)."""
+
+    @abstractmethod
+    def load_closed(self) -> list[str]:
+        """Every closed chat's id, for recovery at start (after the records)."""
+
     @property
     def queued_seq(self) -> int:
         """The sequence number of the last write queued (0 when none): waiting for it to be
@@ -196,6 +210,15 @@ class MemoryJournal(Journal):
     def load_approvals(self) -> list[tuple[str, str]]:
         return []
 
+    def mark_closed(self, chat_id: str, closed_at_ms: int) -> int:
+        return 0
+
+    def forget_closed(self, chat_id: str) -> None:
+        pass
+
+    def load_closed(self) -> list[str]:
+        return []
+
 
 _row_encoder = msgspec.msgpack.Encoder()
 _row_decoder = msgspec.msgpack.Decoder(JournalRow)
@@ -219,6 +242,8 @@ _DELETE = "DELETE FROM calls WHERE chat_id = ? AND call_id = ?"
 _SELECT_ROW = "SELECT row FROM calls WHERE chat_id = ? AND call_id = ?"
 _APPROVE_TOOL = "INSERT OR IGNORE INTO chat_approvals (chat_id, tool) VALUES (?, ?)"
 _FORGET_APPROVALS = "DELETE FROM chat_approvals WHERE chat_id = ?"
+_MARK_CLOSED = "INSERT OR IGNORE INTO closed_chats (chat_id, closed_at_ms) VALUES (?, ?)"
+_FORGET_CLOSED = "DELETE FROM closed_chats WHERE chat_id = ?"
 
 
 class SqliteJournal(Journal):
@@ -281,14 +306,19 @@ class SqliteJournal(Journal):
                 "CREATE TABLE IF NOT EXISTS chat_approvals (chat_id TEXT NOT NULL, "
                 "tool TEXT NOT NULL, PRIMARY KEY (chat_id, tool)) WITHOUT ROWID"
             )
+            # One row per closed chat (PROTOCOL.md 9.6), until its records are all forgotten.
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS closed_chats (chat_id TEXT PRIMARY KEY, "
+                "closed_at_ms INTEGER NOT NULL) WITHOUT ROWID"
+            )
             found = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if found is None:
                 db.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
                     (str(SCHEMA_VERSION),),
                 )
-            elif found[0] == "1":
-                # Version 1 lacked only `chat_approvals`, created just above.
+            elif found[0] in _UPGRADABLE:
+                # Versions 1 and 2 lack only tables created just above (SCHEMA_VERSION).
                 db.execute(
                     "UPDATE meta SET value = ? WHERE key = 'schema_version'",
                     (str(SCHEMA_VERSION),),
@@ -326,6 +356,19 @@ class SqliteJournal(Journal):
 
     def forget_approvals(self, chat_id: str) -> None:
         self._queue(_FORGET_APPROVALS, (chat_id,))
+
+    def mark_closed(self, chat_id: str, closed_at_ms: int) -> int:
+        return self._queue(_MARK_CLOSED, (chat_id, closed_at_ms))
+
+    def forget_closed(self, chat_id: str) -> None:
+        self._queue(_FORGET_CLOSED, (chat_id,))
+
+    def load_closed(self) -> list[str]:
+        try:
+            rows = self._db.execute("SELECT chat_id FROM closed_chats ORDER BY chat_id").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
+        return [str(chat_id) for (chat_id,) in rows]
 
     def load_approvals(self) -> list[tuple[str, str]]:
         try:

@@ -11,9 +11,11 @@ from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
     Input,
     JournalApproveTool,
+    JournalClose,
     JournalDelete,
     JournalFailed,
     JournalForgetApprovals,
+    JournalReopen,
     JournalTouch,
     JournalWrite,
     ReadBack,
@@ -69,6 +71,20 @@ class JournalEffects:
 
     def forget_approvals(self, effect: JournalForgetApprovals) -> None:
         self._ctx.journal.forget_approvals(self._chat_id)
+
+    def close(self, effect: JournalClose) -> None:
+        # No `JournalFailed` path: the journal refuses a queued change only once its writer
+        # failed, and then the agent stops (a close is not a call that could end otherwise).
+        journal = self._ctx.journal
+        seq = journal.mark_closed(self._chat_id, effect.closed_at_ms)
+        then = effect.then
+        if journal.is_durable(seq):
+            self._feed(then)
+        else:
+            journal.when_durable(seq, lambda: self._feed(then))
+
+    def reopen(self, effect: JournalReopen) -> None:
+        self._ctx.journal.forget_closed(self._chat_id)
 
     def read_back(self, effect: ReadBack) -> None:
         self._tasks.start_soon(self._read_back, effect.call_ids)

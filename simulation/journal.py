@@ -42,6 +42,8 @@ class SimJournal(Journal):
         self.rows: dict[tuple[str, str], JournalRow] = {}
         # The "disk" of `approve` with scope "chat": (chat_id, tool) pairs, in commit order.
         self.approvals: dict[tuple[str, str], None] = {}
+        # The "disk" of `close_chat` (9.6): closed chats' ids, in commit order.
+        self.closed: dict[str, None] = {}
         self._ops: list[tuple[int, str, JournalRow | tuple[str, str, int]]] = []
         self._queued_seq = 0
         self._durable_seq = 0
@@ -83,6 +85,15 @@ class SimJournal(Journal):
 
     def load_approvals(self) -> list[tuple[str, str]]:
         return list(self.approvals)
+
+    def mark_closed(self, chat_id: str, closed_at_ms: int) -> int:
+        return self._queue("mark_closed", (chat_id, "", closed_at_ms))
+
+    def forget_closed(self, chat_id: str) -> None:
+        self._queue("forget_closed", (chat_id, "", 0))
+
+    def load_closed(self) -> list[str]:
+        return list(self.closed)
 
     @property
     def queued_seq(self) -> int:
@@ -145,6 +156,10 @@ class SimJournal(Journal):
         chat_id, call_id, wall_ms = payload
         if op == "approve_tool":
             self.approvals[(chat_id, call_id)] = None  # call_id holds the tool's name
+        elif op == "mark_closed":
+            self.closed.setdefault(chat_id)
+        elif op == "forget_closed":
+            self.closed.pop(chat_id, None)
         elif op == "forget_approvals":
             for key in [key for key in self.approvals if key[0] == chat_id]:
                 del self.approvals[key]

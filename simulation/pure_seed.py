@@ -736,6 +736,8 @@ class SeedWorld(World):
     def boot(self) -> None:
         self.epoch += 1
         self.restart()
+        if self.state.closed:
+            self.lc.closed(self.now)  # its close survived the restart (9.6): still closed
 
 
 def _gone(call_id: str) -> ProcessSnapshot:

@@ -25,6 +25,7 @@ from toolwire.actors.effects import (
     ApprovalRestored,
     CallEnded,
     CancelTimer,
+    ClosedRestored,
     Deadline,
     Detach,
     Effect,
@@ -35,9 +36,11 @@ from toolwire.actors.effects import (
     GroupStopped,
     Input,
     JournalApproveTool,
+    JournalClose,
     JournalDelete,
     JournalFailed,
     JournalForgetApprovals,
+    JournalReopen,
     JournalTouch,
     JournalWrite,
     KillGroup,
@@ -169,6 +172,7 @@ class World:
         # The journal: committed rows survive a restart, pending ones do not.
         self.committed: dict[str, JournalRow] = {}
         self.approvals: set[str] = set()
+        self.closed_row = False  # the chat's close (9.6) is committed
         self.pending_writes: list[Any] = []
         self.refusals = 0  # how many of the next journal writes fail
         self.unsaved: set[tuple[str, int]] = set()  # results answered from memory only
@@ -259,7 +263,13 @@ class World:
                     Written(effect.row, effect.then, self.life[effect.row.call_id])
                 )
             elif isinstance(
-                effect, JournalTouch | JournalDelete | JournalApproveTool | JournalForgetApprovals
+                effect,
+                JournalTouch
+                | JournalDelete
+                | JournalApproveTool
+                | JournalForgetApprovals
+                | JournalClose
+                | JournalReopen,
             ):
                 self.pending_writes.append(effect)
             elif isinstance(effect, RunTool):
@@ -395,6 +405,12 @@ class World:
         elif isinstance(event, ChatClosedEvent):
             owed.closed += 1
             require(owed.closed <= owed.closes, "b.closed_unasked", "a chat_closed unasked")
+            # A close a client was told of survives a restart (until the records are gone).
+            require(
+                self.closed_row or not self.config.journal_enabled,
+                "x.close_not_durable",
+                "chat_closed before the close was durable",
+            )
             # Nothing of what it stopped is left.
             require(
                 not any(call_id in self.state.groups for call_id in event.process_ids),
@@ -477,6 +493,11 @@ class World:
                 self.approvals.add(effect.tool)
             elif isinstance(effect, JournalForgetApprovals):
                 self.approvals.clear()
+            elif isinstance(effect, JournalClose):
+                self.closed_row = True
+                self.inbox.append(effect.then)
+            elif isinstance(effect, JournalReopen):
+                self.closed_row = False
         self.drain()
 
     def restart(self) -> None:
@@ -499,6 +520,17 @@ class World:
         for tool in sorted(self.approvals):
             if self.state.records:
                 self.request(ApprovalRestored(tool))
+        if self.closed_row:
+            # As the agent: still closed while it has records, else gone (its row dropped).
+            if self.state.records:
+                self.request(ClosedRestored())
+            else:
+                self.pending_writes.append(JournalReopen())
+        require(
+            self.state.closed == (self.closed_row and bool(self.state.records)),
+            "x.close_not_restored",
+            "after a restart the chat is closed exactly when its close survived with records",
+        )
         self.commit(len(self.pending_writes))  # recovery is durable before requests come
 
     def quiesce(self) -> None:

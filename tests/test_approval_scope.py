@@ -292,4 +292,4 @@ def test_a_version_1_journal_is_upgraded_in_place_and_keeps_its_records(tmp_path
     db = sqlite3.connect(path)
     version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     db.close()
-    assert version == (str(SCHEMA_VERSION),) == ("2",)
+    assert version == (str(SCHEMA_VERSION),) == ("3",)

@@ -4,11 +4,25 @@ requester gets `chat_closed`, and the chat takes nothing new until its records a
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
 import trio
 
 from tests.conftest import LiveServer
 from tests.oswatch import alive
-from tests.wsclient import of, wait_for
+from tests.test_journal import _kill9, _token
+from tests.test_serve import serve
+from tests.wsclient import connect, of, wait_for
+from toolwire.actors.agent import Agent, AgentContext, Limits
+from toolwire.actors.chat import CallSpec
+from toolwire.actors.events import ChatClosedEvent, ResultEvent
+from toolwire.actors.journal import SqliteJournal
+from toolwire.actors.outbox import Outbox
+from toolwire.actors.results import ToolwireError
 
 TEST_DEADLINE_S = 20.0
 NOT_RUN_TEXT = "tool call was canceled before it ran; no changes were made"
@@ -117,3 +131,131 @@ async def test_close_chat_stops_what_a_command_left_running_with_its_output_else
     [listing] = [p for p in listed["data"]["processes"] if p["process_id"] == "o"]
     assert listing["running"] is False and listing["exit_code"] == 0
     assert not alive(other_pid)
+
+
+# ---------------------------------------------------------------------------------------------
+# A close outlives a restart (docs/protocol.md, "Closing a chat"): agents one after the other on
+# the same SQLite journal file.
+
+
+@asynccontextmanager
+async def _agent_on(path: Path, workspace: Path) -> AsyncIterator[Agent]:
+    """An agent on the journal at `path`; stopped gracefully (9.3) at the end of the block."""
+    journal = SqliteJournal(path)
+    ctx = AgentContext(workspace=str(workspace), journal=journal, limits=Limits())
+    try:
+        async with trio.open_nursery() as nursery:
+            agent: Agent = await nursery.start(Agent(ctx).run)
+            yield agent
+            await agent.shutdown()
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def _next(outbox: Outbox, wanted: type[Any], call_id: str | None = None) -> Any:
+    while True:
+        await outbox.wait()
+        for event in outbox.take():
+            if isinstance(event, wanted) and getattr(event, "call_id", call_id) == call_id:
+                return event
+
+
+def _closed_rows(path: Path) -> list[str]:
+    journal = SqliteJournal(path)
+    try:
+        return journal.load_closed()
+    finally:
+        journal.close()
+
+
+async def test_a_close_survives_restarts_until_its_records_are_forgotten(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "journal.sqlite3"
+    (tmp_path / "f.txt").write_text("hi\n")
+    read = CallSpec("r", "read_file", {"path": "f.txt"})
+    outbox = Outbox()
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with _agent_on(path, tmp_path) as agent:
+            agent.call(outbox, "c", read, stream=False, rid=None)
+            first = await _next(outbox, ResultEvent, "r")
+            agent.close_chat(outbox, "c", 1)
+            closed = await _next(outbox, ChatClosedEvent)
+            # `chat_closed` comes once the close is on disk: another reader sees it.
+            journaled = _closed_rows(path)
+        async with _agent_on(path, tmp_path) as agent:
+            with pytest.raises(ToolwireError) as refused:
+                agent.call(outbox, "c", CallSpec("new", "read_file", {"path": "f.txt"}),
+                           stream=False, rid=None)  # fmt: skip
+            with pytest.raises(ToolwireError) as refused_turn:
+                agent.turn(outbox, "c", "t", [CallSpec("t1", "read_file", {"path": "f.txt"})],
+                           stream=False, rid=None)  # fmt: skip
+            agent.call(outbox, "c", read, stream=False, rid=None)
+            retried = await _next(outbox, ResultEvent, "r")
+            agent.close_chat(outbox, "c", 2)
+            again = await _next(outbox, ChatClosedEvent)
+            # Its records age past forget_after_s: forgotten by the sweeper, the chat is gone,
+            # and its close row with it.
+            chat = agent.chats["c"]
+            for record in chat.records:
+                record.touched_at -= agent.ctx.limits.forget_after_s + 1
+            agent.sweep()
+            await agent.ctx.journal.wait_durable(agent.ctx.journal.queued_seq)
+            forgotten = _closed_rows(path)
+        async with _agent_on(path, tmp_path) as agent:
+            agent.call(outbox, "c", CallSpec("new", "read_file", {"path": "f.txt"}),
+                       stream=False, rid=None)  # fmt: skip
+            anew = await _next(outbox, ResultEvent, "new")
+    assert closed.call_ids == [] and journaled == ["c"]
+    assert refused.value.code == "chat_closed" and refused_turn.value.code == "chat_closed"
+    assert retried.result == first.result
+    assert (again.call_ids, again.process_ids, again.rid) == ([], [], 2)
+    assert forgotten == []
+    assert anew.result.outcome.value == "completed"
+
+
+async def test_recovery_drops_the_close_of_a_chat_with_no_records_left(tmp_path: Path) -> None:
+    """A crash between forgetting a closed chat's last record and its close: the chat's
+    records are all forgotten, so it is gone (9.6) and its id takes new calls."""
+    path = tmp_path / "state" / "journal.sqlite3"
+    (tmp_path / "f.txt").write_text("hi\n")
+    journal = SqliteJournal(path)
+    async with trio.open_nursery() as crashed:
+        await crashed.start(journal.run)
+        await journal.wait_durable(journal.mark_closed("emptied", 1))
+        crashed.cancel_scope.cancel()
+    journal.close()
+    outbox = Outbox()
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with _agent_on(path, tmp_path) as agent:
+            await agent.ctx.journal.wait_durable(agent.ctx.journal.queued_seq)
+            left = _closed_rows(path)
+            agent.call(outbox, "emptied", CallSpec("n", "read_file", {"path": "f.txt"}),
+                       stream=False, rid=None)  # fmt: skip
+            result = await _next(outbox, ResultEvent, "n")
+    assert left == []
+    assert result.result.outcome.value == "completed"
+
+
+async def test_a_close_survives_kill9_and_a_repeat_of_it_answers_at_once(tmp_path: Path) -> None:
+    args = {"command": "echo ran >> runs.txt; echo up; exec sleep 100"}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            await conn.send(call("c", "x", "execute", args))
+            # Its output says the marker is written: the close stops it after that.
+            await wait_for(conn, lambda m: m["type"] == "output" and m["call_id"] == "x")
+            await conn.send({"type": "close_chat", "chat_id": "c", "rid": 1})
+            closed = await wait_for(conn, lambda m: m["type"] == "chat_closed")
+            first = await wait_for(conn, of("result", "x"))
+        await _kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        refused = await conn.call("c", "y", "execute", {"command": "touch y.txt"})
+        again = await conn.call("c", "x", "execute", args)
+        await conn.send({"type": "close_chat", "chat_id": "c", "rid": 2})
+        repeat = await wait_for(conn, lambda m: m["type"] == "chat_closed")
+    assert closed["call_ids"] == ["x"] and closed["process_ids"] == ["x"]
+    assert first["outcome"] == "canceled"
+    assert refused["type"] == "error" and refused["code"] == "chat_closed"
+    assert again == first
+    assert (repeat["call_ids"], repeat["process_ids"], repeat["rid"]) == ([], [], 2)
+    assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
+    assert not (tmp_path / "ws" / "y.txt").exists()

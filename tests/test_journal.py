@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -21,7 +22,13 @@ from tests.wsclient import connect, is_result
 from toolwire.actors.agent import Agent, AgentContext, Limits
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.events import ResultEvent
-from toolwire.actors.journal import JournalError, JournalRow, MemoryJournal, SqliteJournal
+from toolwire.actors.journal import (
+    SCHEMA_VERSION,
+    JournalError,
+    JournalRow,
+    MemoryJournal,
+    SqliteJournal,
+)
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import TEXT_AGENT_RESTARTED, TEXT_CANCELED_BEFORE_RUN
 
@@ -89,6 +96,39 @@ def test_the_sync_level_is_what_sqlite_runs_with_and_a_wrong_one_is_named(
 def test_the_memory_journal_keeps_nothing() -> None:
     journal = MemoryJournal()
     assert journal.write(_row("x")) == 0 and journal.is_durable(0) and journal.load() == []
+    journal.mark_closed("c", 1)
+    assert journal.load_closed() == []
+
+
+def test_a_version_2_journal_is_upgraded_in_place_and_keeps_what_it_held(tmp_path: Path) -> None:
+    """Version 3 added `closed_chats` (close_chat, PROTOCOL.md 9.6): a version 2 file (as the
+    agent before it wrote them) opens with its records and approvals, and no chat closed."""
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    db.execute(
+        "CREATE TABLE calls (chat_id TEXT NOT NULL, call_id TEXT NOT NULL, row BLOB NOT NULL, "
+        "touched_at_ms INTEGER NOT NULL, PRIMARY KEY (chat_id, call_id)) WITHOUT ROWID"
+    )
+    db.execute(
+        "CREATE TABLE chat_approvals (chat_id TEXT NOT NULL, tool TEXT NOT NULL, "
+        "PRIMARY KEY (chat_id, tool)) WITHOUT ROWID"
+    )
+    db.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    db.execute(
+        "INSERT INTO calls VALUES ('c', 'kept', ?, 1)", (msgspec.msgpack.encode(_row("kept")),)
+    )
+    db.execute("INSERT INTO chat_approvals VALUES ('c', 'execute')")
+    db.commit()
+    db.close()
+    journal = SqliteJournal(path)
+    assert [row.call_id for row in journal.load()] == ["kept"]
+    assert journal.load_approvals() == [("c", "execute")] and journal.load_closed() == []
+    journal.close()
+    db = sqlite3.connect(path)
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    db.close()
+    assert version == (str(SCHEMA_VERSION),) == ("3",)
 
 
 # ---------------------------------------------------------------------------------------------
