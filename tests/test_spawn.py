@@ -29,6 +29,19 @@ TEST_DEADLINE_S = 10.0
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TOOLWIRE_TEST": "spawn"}
 
 
+def run_agent_script(script: str) -> None:
+    """Run `script` in a Python of its own (an agent started in a state this test process must
+    not be put in: closed descriptors, ignored signals), from the repository's root."""
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        [sys.executable, "-c", script],
+        check=True,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        timeout=TEST_DEADLINE_S,
+    )
+
+
 @pytest.fixture(params=["posix_spawn", "popen"])
 def backend(request: pytest.FixtureRequest) -> RealProcessBackend:
     backend = RealProcessBackend(posix_spawn=request.param == "posix_spawn")
@@ -181,14 +194,7 @@ def test_a_command_starts_with_no_signal_the_agent_ignores_or_blocks(tmp_path: P
         trio.run(main)
         """
     )
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run(
-        [sys.executable, "-c", script],
-        check=True,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        timeout=TEST_DEADLINE_S,
-    )
+    run_agent_script(script)
     clean = ["SigBlk:", "0000000000000000", "SigIgn:", "0000000000000000"]
     # glibc's posix_spawn leaves its two internal signals (32 and 33, below the SIGRTMIN it
     # gives programs) ignored in the child, and sigfillset cannot name them; no program
@@ -275,14 +281,7 @@ def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> 
         trio.run(main)
         """
     )
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run(
-        [sys.executable, "-c", script],
-        check=True,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        timeout=TEST_DEADLINE_S,
-    )
+    run_agent_script(script)
     assert out.read_text() == repr([(b"hello\nworld\n", 0), (b"hello\nworld\n", 0)])
 
 
@@ -324,14 +323,7 @@ def test_stdin_pipes_and_terminals_work_with_the_standard_descriptors_closed(
         trio.run(main)
         """
     )
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run(
-        [sys.executable, "-c", script],
-        check=True,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        timeout=TEST_DEADLINE_S,
-    )
+    run_agent_script(script)
     expected = [(b"in\nworld\n", 0), (b"hello\r\nworld\r\n", 0)] * 2
     assert out.read_text() == repr(expected)
 
