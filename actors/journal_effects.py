@@ -50,15 +50,8 @@ class JournalEffects:
             )
             self._feed(JournalFailed(effect.row.call_id))
             return
-        then = effect.then
-        if then is None:
-            return
-        if journal.is_durable(seq):
-            self._feed(then)
-        else:
-            # Fed by the commit that makes it durable, with every other row that commit
-            # covers: no task per call.
-            journal.when_durable(seq, lambda: self._feed(then))
+        if effect.then is not None:
+            self._feed_when_durable(seq, effect.then)
 
     def touch(self, effect: JournalTouch) -> None:
         self._ctx.journal.touch(self._chat_id, effect.call_id, effect.wall_ms)
@@ -75,12 +68,16 @@ class JournalEffects:
     def close(self, effect: JournalClose) -> None:
         # No `JournalFailed` path: the journal refuses a queued change only once its writer
         # failed, and then the agent stops (a close is not a call that could end otherwise).
+        seq = self._ctx.journal.mark_closed(self._chat_id, effect.closed_at_ms)
+        self._feed_when_durable(seq, effect.then)
+
+    def _feed_when_durable(self, seq: int, then: Input) -> None:
         journal = self._ctx.journal
-        seq = journal.mark_closed(self._chat_id, effect.closed_at_ms)
-        then = effect.then
         if journal.is_durable(seq):
             self._feed(then)
         else:
+            # Fed by the commit that makes it durable, with every other row that commit
+            # covers: no task per call.
             journal.when_durable(seq, lambda: self._feed(then))
 
     def reopen(self, effect: JournalReopen) -> None:
