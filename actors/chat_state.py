@@ -1046,8 +1046,7 @@ class ChatState:
             group.kill_after_ms = None  # a cancel is stopping it already
             return
         group.killed_after = True
-        group.stopping = "term"
-        self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, "kill_after"))
+        self._stop_group(event.call_id, unless_exited=False, reason="kill_after")
 
     def _on_deadline(self, event: Deadline) -> None:
         record = self.records.get(event.call_id)
@@ -1109,23 +1108,24 @@ class ChatState:
         stopped: list[str] = []
         for call_id, group in list(self.groups.items()):
             if group.stopping is None:
-                if group.spent:
-                    # Its command is over; only a member that lives on is stopped (the shell
-                    # checks, and feeds `AlreadyExited` for an empty group).
-                    group.stopping = "term"
-                    self._emit(StopGroup(call_id, self.config.kill_grace_s, False, "linger"))
-                else:
-                    self._stop_group(call_id, unless_exited=False)
+                # A spent group's command is over: only a member that lives on is stopped (the
+                # shell checks, and feeds `AlreadyExited` for an empty group).
+                reason = "linger" if group.spent else "cancel"
+                self._stop_group(call_id, unless_exited=False, reason=reason)
             stopped.append(call_id)
         return stopped
 
-    def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
+    def _stop_group(self, call_id: str, *, unless_exited: bool, reason: str = "cancel") -> None:
+        """The three steps of a stop (5.3), for a cancel or, by `reason`, a hard deadline
+        ("kill_after", 9.2) or what lingers of an ended command ("linger"): only a cancel makes
+        the call's result and the cancel replies say `canceled`."""
         group = self.groups[call_id]
         if group.stopping is not None:
             return
         group.stopping = "term"
-        group.canceled = True
-        self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited))
+        if reason == "cancel":
+            group.canceled = True
+        self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited, reason))
 
     def _on_already_exited(self, event: AlreadyExited) -> None:
         """The command had already exited: the call finished first, so its real result stands

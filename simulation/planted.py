@@ -109,9 +109,9 @@ class KillGroupAtLeaderExit(ChatState):
         super()._on_process_exited(event)
         self._kill_if_leader_gone(event.call_id)
 
-    def _stop_group(self, call_id: str, *, unless_exited: bool) -> None:
-        super()._stop_group(call_id, unless_exited=unless_exited)
-        if not unless_exited:  # a leftover group (5.3's done row): its shell is long gone
+    def _stop_group(self, call_id: str, *, unless_exited: bool, reason: str = "cancel") -> None:
+        super()._stop_group(call_id, unless_exited=unless_exited, reason=reason)
+        if not unless_exited and reason == "cancel":  # a leftover group (5.3's done row)
             self._kill_if_leader_gone(call_id)
 
     def _kill_if_leader_gone(self, call_id: str) -> None:
