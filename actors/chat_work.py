@@ -247,7 +247,7 @@ class ChatWork:
         self._spawn(self._watch_task, proc)
 
     async def _watch_task(self, proc: processes.ProcessRecord) -> None:
-        await processes.watch_until_group_empty(proc)
+        await processes.wait_until_group_empty(proc, max_delay_s=processes.GROUP_WATCH_MAX_S)
         self._feed(GroupGone(proc.process_id))
 
     async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:

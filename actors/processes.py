@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import signal
 import subprocess
@@ -767,22 +768,16 @@ async def stop_past_deadline(record: ProcessRecord, grace_s: float) -> bool:
     return True
 
 
-async def watch_until_group_empty(record: ProcessRecord) -> None:
-    """Return once the group has no member, however long that takes (see GROUP_WATCH_MAX_S)."""
-    delay = GROUP_POLL_FIRST_S
-    while record.handle.group_alive():
-        await trio.sleep(delay)
-        delay = min(delay * 2, GROUP_WATCH_MAX_S)
-
-
-async def wait_until_group_empty(record: ProcessRecord, timeout_s: float) -> bool:
-    """Poll the group (one `killpg(pgid, 0)` a look) on a short backoff until it has no member,
-    for at most `timeout_s`; True when it emptied. A pidfd per member would wake us exactly,
-    but members are not our children and come and go; a look costs one syscall."""
+async def wait_until_group_empty(
+    record: ProcessRecord, timeout_s: float = math.inf, *, max_delay_s: float = GROUP_POLL_MAX_S
+) -> bool:
+    """Poll the group (one `killpg(pgid, 0)` a look) on a backoff up to `max_delay_s` until it
+    has no member, for at most `timeout_s`; True when it emptied. A pidfd per member would wake
+    us exactly, but members are not our children and come and go; a look costs one syscall."""
     delay = GROUP_POLL_FIRST_S
     with trio.move_on_after(timeout_s):
         while record.handle.group_alive():
             await trio.sleep(delay)
-            delay = min(delay * 2, GROUP_POLL_MAX_S)
+            delay = min(delay * 2, max_delay_s)
         return True
     return False
