@@ -85,7 +85,7 @@ class ChatActor:
         self._draining = False
         # Started in the agent's nursery (`start`) when the chat has work.
         self._tasks = TaskHost(f"chat {chat_id!r}", start)
-        self._journal = JournalEffects(chat_id, ctx, self.feed, self._tasks)
+        self._journal = JournalEffects(chat_id, ctx, self.feed, self.feed_all, self._tasks)
         self._shutdown_done: trio.Event | None = None
 
     @property
@@ -193,6 +193,13 @@ class ChatActor:
     def feed(self, event: fx.Input) -> None:
         """A report of what happened: applied after whatever is being applied now."""
         self._inbox.append(event)
+        if not self._draining:
+            self._drain([])
+
+    def feed_all(self, events: list[fx.Input]) -> None:
+        """Several reports at once (what one journal commit made durable): applied in order,
+        in one pass of the interpreter."""
+        self._inbox.extend(events)
         if not self._draining:
             self._drain([])
 

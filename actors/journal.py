@@ -2,12 +2,16 @@
 
 The chat actors keep their records in memory and write every change that matters here. Writes
 are queued synchronously (no `await` inside a record transition) and one writer task commits
-them in groups (group commit: one transaction and one fsync for everything queued meanwhile),
-on a thread of its own so SQLite never blocks the trio loop. A caller that must not act before a
-change is durable (start an effect, reply with a result, confirm a cancel) hands the journal a
-callback with `when_durable(seq, fn)`: the writer calls every callback a commit covers right
-after that commit, on the loop, in one go (no task and no thread hop per call). A task that is
-running anyway may await `wait_durable(seq)` instead; everything else goes on.
+them in groups (group commit: one transaction and one fsync for everything queued meanwhile).
+A commit runs on a thread of its own, so that SQLite never blocks the trio loop while the loop
+has other work; when the loop has nothing else to run, the batch is small and commits have been
+fast, it runs on the loop's thread instead, saving the two thread hand-overs (INLINE_MAX_ROWS).
+Checkpoints of the WAL run on the writer thread between commits, never inside one. A caller
+that must not act before a change is durable (start an effect, reply with a result, confirm a
+cancel) hands the journal a callback with `when_durable(seq, fn)`: the writer calls every
+callback a commit covers right after that commit, on the loop, in one go (no task and no thread
+hop per call). A task that is running anyway may await `wait_durable(seq)` instead; everything
+else goes on.
 
 A journal that `keeps_results` is also where finished results live: once a result is durable
 the chat actors drop it from the heap (an LRU keeps the recent ones, `actors/result_cache.py`)
@@ -21,6 +25,7 @@ the records themselves hold their results, as they must: nothing else does.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -58,6 +63,31 @@ SYNC_LEVELS = ("full", "normal")
 # A group commit takes everything queued while the previous one was on disk, but at most this
 # many changes, so one transaction's latency stays bounded under a flood of calls.
 MAX_BATCH = 4096
+
+# Consecutive upserts go to SQLite as one multi-row statement of at most this many rows (4
+# parameters each, far below SQLite's limit): the writer then binds a whole group under the GIL
+# once and steps it once, instead of taking the GIL back from the event loop after every row.
+UPSERT_ROWS_PER_STATEMENT = 256
+
+# A commit runs on the event loop's own thread, without the two thread hand-overs (about
+# 50 µs each on a virtual machine), when the loop has nothing else to run, the batch is small,
+# and commits have been fast: their moving average (each new one weighs COMMIT_AVERAGE_WEIGHT)
+# is below INLINE_MAX_COMMIT_S. A disk that turns slow can stall the loop once, for one commit;
+# from then on commits go to the writer thread until their average is low again.
+INLINE_MAX_ROWS = 64
+INLINE_MAX_COMMIT_S = 0.001
+COMMIT_AVERAGE_WEIGHT = 0.1
+
+# The WAL is checkpointed (copied into the database file) by the writer thread, right after
+# the commit that brings it to about this many pages, never inside a commit: SQLite's automatic
+# checkpoint (at 1,000 pages by default) runs inside whichever commit crossed its threshold,
+# making that call wait (and an inline commit stall the loop) for milliseconds. Pages are
+# estimated: each change one page of its own (a random call id lands on a page of its own) and
+# each commit two more. A WAL that stays small is also rewritten in place from its start after
+# each checkpoint, and a commit that does not grow the file is about twice as fast to fsync.
+CHECKPOINT_PAGES = 1000
+
+_Batch = list[tuple[int, str, tuple[Any, ...]]]
 
 
 class JournalError(Exception):
@@ -237,6 +267,16 @@ _UPSERT = (
     "ON CONFLICT (chat_id, call_id) DO UPDATE SET row = excluded.row, "
     "touched_at_ms = excluded.touched_at_ms"
 )
+_UPSERT_MANY_HEAD = "INSERT INTO calls (chat_id, call_id, row, touched_at_ms) VALUES "
+_UPSERT_MANY_TAIL = _UPSERT[_UPSERT.index(" ON CONFLICT") :]
+
+
+def upsert_many_sql(rows: int) -> str:
+    """One upsert of `rows` rows. SQLite applies the VALUES in order, so a record written twice
+    in one statement ends as its later row, as with one statement per row."""
+    return _UPSERT_MANY_HEAD + ", ".join(["(?, ?, ?, ?)"] * rows) + _UPSERT_MANY_TAIL
+
+
 _TOUCH = "UPDATE calls SET touched_at_ms = ? WHERE chat_id = ? AND call_id = ?"
 _DELETE = "DELETE FROM calls WHERE chat_id = ? AND call_id = ?"
 _SELECT_ROW = "SELECT row FROM calls WHERE chat_id = ? AND call_id = ?"
@@ -264,9 +304,12 @@ class SqliteJournal(Journal):
         self._ops: list[tuple[int, str, tuple[Any, ...]]] = []
         # Batches handed to the writer thread (None stops it): one at a time, taken by the
         # writer task on the loop, so a batch holds every change queued in a scheduling round.
-        self._batches: queue.SimpleQueue[list[tuple[int, str, tuple[Any, ...]]] | None] = (
-            queue.SimpleQueue()
-        )
+        # Each with whether the thread checkpoints the WAL after committing it.
+        self._batches: queue.SimpleQueue[tuple[_Batch, bool] | None] = queue.SimpleQueue()
+        # False from a hand-over until the thread is done with it, its checkpoint included:
+        # the writer's connection is then the thread's, and no commit runs inline.
+        self._thread_idle = True
+        self._wal_pages = 0  # estimated pages in the WAL since the last checkpoint
         self._queued_seq = 0  # sequence number of the newest queued change
         self._durable_seq = 0  # sequence number of the newest committed change
         self._committed = trio.Event()
@@ -277,6 +320,13 @@ class SqliteJournal(Journal):
         self._landed = trio.Event()
         self._failed: BaseException | None = None
         self.commit_durations = Durations()
+        # Commits on the loop's thread (see INLINE_MAX_ROWS); a test sets `inline_max_rows` to
+        # 0 to send every commit through the writer thread.
+        self.inline_max_rows = INLINE_MAX_ROWS
+        self.inline_max_commit_s = INLINE_MAX_COMMIT_S
+        self._commit_average_s = 0.0
+        self.inline_commits = 0
+        self.thread_commits = 0
         self._db = self._open(path, sync)
 
     @staticmethod
@@ -292,6 +342,8 @@ class SqliteJournal(Journal):
             # FULL: a committed transaction survives power loss, not only a process crash;
             # NORMAL: only a process crash (see SYNC_LEVELS).
             db.execute(f"PRAGMA synchronous={sync.upper()}")
+            # Checkpoints are the writer thread's, between commits (CHECKPOINT_PAGES).
+            db.execute("PRAGMA wal_autocheckpoint=0")
             check = db.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise JournalError(f"journal {path} is corrupt: {check}")
@@ -460,15 +512,30 @@ class SqliteJournal(Journal):
                     await self._wakeup.wait()
                     self._wakeup = trio.Event()
                     continue
+                if self._may_commit_inline(len(self._ops)) and not _loop_idle():
+                    # What else is runnable (the sender of this very call's `accepted`, a
+                    # reader with more requests) goes first, once: then the loop may be idle,
+                    # and what they queued meanwhile joins this commit.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 batch = self._ops[:MAX_BATCH]
                 del self._ops[:MAX_BATCH]
                 last = batch[-1][0]
-                self._batches.put(batch)
-                del batch  # the thread's now; not kept here while idle (megabytes of rows)
-                # Not cancellable: a commit half-way would leave waiters not knowing the truth.
-                with trio.CancelScope(shield=True):
-                    await self._landed.wait()
-                self._landed = trio.Event()
+                self._wal_pages += 2 + len(batch)
+                checkpoint = self._wal_pages >= CHECKPOINT_PAGES
+                if checkpoint:
+                    self._wal_pages = 0
+                if not checkpoint and self._may_commit_inline(len(batch)) and _loop_idle():
+                    self._commit_inline(batch)
+                    del batch
+                else:
+                    self._thread_idle = False
+                    self._batches.put((batch, checkpoint))
+                    del batch  # the thread's now; not kept here while idle (megabytes of rows)
+                    # Not cancellable: a commit half-way would leave waiters not knowing the
+                    # truth.
+                    with trio.CancelScope(shield=True):
+                        await self._landed.wait()
+                    self._landed = trio.Event()
                 if self._failed is not None:
                     self._committed.set()
                     raise JournalError(
@@ -487,11 +554,37 @@ class SqliteJournal(Journal):
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
 
+    def _may_commit_inline(self, rows: int) -> bool:
+        """Whether a batch of `rows` may commit on the loop's thread once nothing else is
+        runnable (a commit blocks the loop for as long as it takes): a small batch, a disk that
+        has been fast, and the writer thread done with the connection."""
+        return (
+            rows <= self.inline_max_rows
+            and self._thread_idle
+            and self._commit_average_s < self.inline_max_commit_s
+        )
+
+    def _commit_inline(self, batch: _Batch) -> None:
+        started = time.perf_counter()
+        try:
+            self._commit(batch)
+        except sqlite3.Error as exc:
+            self._failed = exc
+            return
+        self.inline_commits += 1
+        self._commit_took(time.perf_counter() - started)
+
+    def _commit_took(self, seconds: float) -> None:
+        self.commit_durations.observe(seconds)
+        self._commit_average_s += COMMIT_AVERAGE_WEIGHT * (seconds - self._commit_average_s)
+
     def _writer_thread(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
-            batch = self._batches.get()
-            if batch is None:
+            job = self._batches.get()
+            if job is None:
                 return
+            batch, checkpoint = job
+            del job
             started = time.perf_counter()
             seconds: float | None = None
             try:
@@ -501,31 +594,50 @@ class SqliteJournal(Journal):
                 self._failed = exc
             del batch
             try:
-                token.run_sync_soon(self._on_landed, seconds)
+                # The commit's waiters go first: the checkpoint after it delays none of them.
+                token.run_sync_soon(self._on_landed, seconds, not checkpoint)
+                if checkpoint and seconds is not None:
+                    self._checkpoint()
+                    token.run_sync_soon(self._on_thread_idle)
             except trio.RunFinishedError:
                 return
 
-    def _on_landed(self, seconds: float | None) -> None:
+    def _checkpoint(self) -> None:
+        # PASSIVE: copies what no reader still needs and never waits for one. A failure loses
+        # nothing (the changes stay in the WAL); the next checkpoint tries again.
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
+            log.exception("checkpointing the journal %s failed", self.path)
+
+    def _on_landed(self, seconds: float | None, idle: bool) -> None:
         # On the loop: the event the writer task waits on now (it replaces it after waking),
         # and the commit's duration (None: it failed) for toolwire_journal_commit_seconds,
         # observed here so that the histogram is only ever touched from the trio thread.
         if seconds is not None:
-            self.commit_durations.observe(seconds)
+            self.thread_commits += 1
+            self._commit_took(seconds)
+        self._thread_idle = idle
         self._landed.set()
 
-    def _commit(self, batch: list[tuple[int, str, tuple[Any, ...]]]) -> None:
+    def _on_thread_idle(self) -> None:
+        self._thread_idle = True
+
+    def _commit(self, batch: _Batch) -> None:
         db = self._db
         db.execute("BEGIN")
         try:
-            # One executemany per run of the same statement: a pipelined window is mostly
-            # upserts back to back, and binding them in C is several times cheaper.
+            # One statement per run of upserts (a pipelined window is mostly upserts back to
+            # back), one executemany per run of any other statement.
             i = 0
             while i < len(batch):
                 sql = batch[i][1]
                 j = i + 1
                 while j < len(batch) and batch[j][1] is sql:
                     j += 1
-                if j == i + 1:
+                if sql is _UPSERT:
+                    _upsert_run(db, batch, i, j)
+                elif j == i + 1:
                     db.execute(sql, batch[i][2])
                 else:
                     db.executemany(sql, [op[2] for op in batch[i:j]])
@@ -540,6 +652,29 @@ class SqliteJournal(Journal):
             self._reader.close()
             self._reader = None
         self._db.close()
+
+
+def _loop_idle() -> bool:
+    """No other task of this trio run is waiting to run."""
+    return trio.lowlevel.current_statistics().tasks_runnable == 0
+
+
+def _upsert_run(
+    db: sqlite3.Connection, batch: list[tuple[int, str, tuple[Any, ...]]], start: int, end: int
+) -> None:
+    """Upsert `batch[start:end]` in order, in statements of a power-of-two number of rows (at
+    most UPSERT_ROWS_PER_STATEMENT): few distinct statements, so SQLite's statement cache keeps
+    them all prepared, and at most a handful per run."""
+    while start < end:
+        rows = min(UPSERT_ROWS_PER_STATEMENT, 1 << ((end - start).bit_length() - 1))
+        params = [value for op in batch[start : start + rows] for value in op[2]]
+        db.execute(_upsert_sql(rows), params)
+        start += rows
+
+
+@functools.cache
+def _upsert_sql(rows: int) -> str:
+    return _UPSERT if rows == 1 else upsert_many_sql(rows)
 
 
 def open_journal(kind: str, state_dir: Path | None, sync: str = "full") -> Journal:

@@ -28,15 +28,25 @@ log = logging.getLogger("toolwire.chat")
 
 
 class JournalEffects:
-    __slots__ = ("_chat_id", "_ctx", "_feed", "_tasks")
+    __slots__ = ("_chat_id", "_ctx", "_feed", "_feed_all", "_tasks", "_waiting")
 
     def __init__(
-        self, chat_id: str, ctx: AgentContext, feed: Callable[[Input], None], tasks: TaskHost
+        self,
+        chat_id: str,
+        ctx: AgentContext,
+        feed: Callable[[Input], None],
+        feed_all: Callable[[list[Input]], None],
+        tasks: TaskHost,
     ) -> None:
         self._chat_id = chat_id
         self._ctx = ctx
         self._feed = feed
+        self._feed_all = feed_all
         self._tasks = tasks
+        # What waits for a change of this chat to be durable, in sequence order (the journal
+        # numbers changes in the order they are queued). None while nothing waits: most chats
+        # are idle, and an empty list costs each of them 56 bytes.
+        self._waiting: list[tuple[int, Input]] | None = None
 
     def write(self, effect: JournalWrite) -> None:
         journal = self._ctx.journal
@@ -73,12 +83,32 @@ class JournalEffects:
 
     def _feed_when_durable(self, seq: int, then: Input) -> None:
         journal = self._ctx.journal
-        if journal.is_durable(seq):
-            self._feed(then)
+        waiting = self._waiting
+        if waiting is None:
+            if journal.is_durable(seq):
+                self._feed(then)
+                return
+            waiting = self._waiting = []
+        waiting.append((seq, then))
+        if len(waiting) == 1:
+            # One callback per chat and commit, not one per row: the commit that makes the
+            # oldest change durable feeds the chat everything it covers in one go.
+            journal.when_durable(seq, self._release_durable)
+
+    def _release_durable(self) -> None:
+        waiting = self._waiting
+        assert waiting is not None
+        journal = self._ctx.journal
+        covered = 0
+        while covered < len(waiting) and journal.is_durable(waiting[covered][0]):
+            covered += 1
+        ready = [then for _, then in waiting[:covered]]
+        del waiting[:covered]
+        if waiting:
+            journal.when_durable(waiting[0][0], self._release_durable)
         else:
-            # Fed by the commit that makes it durable, with every other row that commit
-            # covers: no task per call.
-            journal.when_durable(seq, lambda: self._feed(then))
+            self._waiting = None
+        self._feed_all(ready)
 
     def reopen(self, effect: JournalReopen) -> None:
         self._ctx.journal.forget_closed(self._chat_id)
