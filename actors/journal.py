@@ -254,6 +254,15 @@ _row_encoder = msgspec.msgpack.Encoder()
 _row_decoder = msgspec.msgpack.Decoder(JournalRow)
 
 
+def _decode_row(blob: bytes, touched_at_ms: int) -> JournalRow:
+    # A touch updates the column alone (the row is not rewritten for it): the column holds the
+    # last use, and the record's age after a restart counts from there.
+    row = _row_decoder.decode(blob)
+    if row.touched_at_ms != touched_at_ms:
+        row.touched_at_ms = touched_at_ms
+    return row
+
+
 class _SavedResult(msgspec.Struct):
     """A journal row read for its result only: msgspec skips the other fields unread."""
 
@@ -453,8 +462,8 @@ class SqliteJournal(Journal):
 
     def load(self) -> list[JournalRow]:
         try:
-            rows = self._db.execute("SELECT row FROM calls").fetchall()
-            return [_row_decoder.decode(blob) for (blob,) in rows]
+            rows = self._db.execute("SELECT row, touched_at_ms FROM calls").fetchall()
+            return [_decode_row(blob, touched_at_ms) for blob, touched_at_ms in rows]
         except (sqlite3.DatabaseError, msgspec.DecodeError) as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
 
@@ -463,10 +472,10 @@ class SqliteJournal(Journal):
         # with its result at once would leave the heap holding hundreds of megabytes of
         # freed memory after the records dropped their results (100,000 records: 283 MiB).
         try:
-            for (blob,) in self._db.execute(
-                "SELECT row FROM calls ORDER BY touched_at_ms, chat_id, call_id"
+            for blob, touched_at_ms in self._db.execute(
+                "SELECT row, touched_at_ms FROM calls ORDER BY touched_at_ms, chat_id, call_id"
             ):
-                yield _row_decoder.decode(blob)
+                yield _decode_row(blob, touched_at_ms)
         except (sqlite3.DatabaseError, msgspec.DecodeError) as exc:
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
 

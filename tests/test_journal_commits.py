@@ -1,0 +1,193 @@
+"""How the SQLite journal commits (issue 14): a group commit applies its changes exactly as one
+statement per change would, on the loop's thread only while the loop is idle and commits are
+fast, and the WAL is checkpointed between commits so that it stays small."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolwire.actors.journal import (
+    CHECKPOINT_PAGES,
+    INLINE_MAX_ROWS,
+    UPSERT_ROWS_PER_STATEMENT,
+    JournalRow,
+    SqliteJournal,
+)
+
+CHAT = "chat"
+
+
+def _row(call_id: str, version: int, touched: int) -> JournalRow:
+    return JournalRow(
+        chat_id=CHAT, call_id=call_id, state="done", tool="read_file", fingerprint=b"f",
+        args={"version": version}, touched_at_ms=touched,
+    )  # fmt: skip
+
+
+# A change: ("write", call_id, version), ("touch", call_id, time) or ("delete", call_id, 0).
+Change = tuple[str, str, int]
+Model = dict[str, tuple[int, int]]  # call_id -> (version, touched_at_ms)
+
+
+def _apply_to_model(model: Model, change: Change) -> None:
+    kind, call_id, value = change
+    if kind == "write":
+        model[call_id] = (value, value)
+    elif kind == "touch" and call_id in model:
+        model[call_id] = (model[call_id][0], value)
+    elif kind == "delete":
+        model.pop(call_id, None)
+
+
+def _queue(journal: SqliteJournal, change: Change) -> None:
+    kind, call_id, value = change
+    if kind == "write":
+        journal.write(_row(call_id, value, value))
+    elif kind == "touch":
+        journal.touch(CHAT, call_id, value)
+    else:
+        journal.delete(CHAT, call_id)
+
+
+def _stored(path: Path) -> Model:
+    reopened = SqliteJournal(path)
+    try:
+        return {row.call_id: (row.args["version"], row.touched_at_ms) for row in reopened.load()}
+    finally:
+        reopened.close()
+
+
+async def _commit_as_one_batch(path: Path, changes: list[Change], *, on_loop: bool) -> None:
+    """Queue every change before the writer task runs (so they are one batch), let it commit."""
+    journal = SqliteJournal(path)
+    if not on_loop:
+        journal.inline_max_rows = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for change in changes:
+            _queue(journal, change)
+        await journal.wait_durable(journal.queued_seq)
+        nursery.cancel_scope.cancel()
+    journal.close()
+
+
+changes_strategy = st.lists(
+    st.tuples(
+        # Mostly writes, so long runs of upserts (several statements of a power-of-two number
+        # of rows each, the same record more than once in one statement) are common.
+        st.sampled_from(["write"] * 6 + ["touch", "delete"]),
+        st.sampled_from([f"call-{i}" for i in range(6)]),
+        st.integers(min_value=1, max_value=10_000),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(changes=changes_strategy, on_loop=st.booleans())
+def test_one_group_commit_applies_its_changes_in_order(
+    changes: list[Change], on_loop: bool
+) -> None:
+    model: Model = {}
+    for change in changes:
+        _apply_to_model(model, change)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal.sqlite3"
+        trio.run(lambda: _commit_as_one_batch(path, changes, on_loop=on_loop))
+        assert _stored(path) == model
+
+
+async def test_a_long_run_of_writes_lands_whole_and_the_later_row_wins(tmp_path: Path) -> None:
+    # 3 x 256 + 231 rows: full statements, then 128 + 64 + 32 + 4 + 2 + 1; every record is
+    # written several times in the run, and each keeps its last row.
+    count = 3 * UPSERT_ROWS_PER_STATEMENT + 231
+    changes: list[Change] = [("write", f"call-{i % 97}", i + 1) for i in range(count)]
+    model: Model = {}
+    for change in changes:
+        _apply_to_model(model, change)
+    path = tmp_path / "journal.sqlite3"
+    await _commit_as_one_batch(path, changes, on_loop=False)
+    assert _stored(path) == model and len(model) == 97
+
+
+async def test_an_idle_loop_commits_on_its_own_thread(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path / "journal.sqlite3")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(5):
+            await journal.wait_durable(journal.write(_row(f"call-{i}", i, i)))
+        assert (journal.inline_commits, journal.thread_commits) == (5, 0)
+        nursery.cancel_scope.cancel()
+    journal.close()
+
+
+async def test_a_busy_loop_a_large_batch_or_a_slow_disk_commit_on_the_writer_thread(
+    tmp_path: Path,
+) -> None:
+    journal = SqliteJournal(tmp_path / "journal.sqlite3")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+
+        # Other tasks always runnable: the loop is not idle, and commits must not block it.
+        # (The check sees the tasks waiting for the next scheduling round, not those later in
+        # the current one: a commit may still run on the loop now and then, never mostly.)
+        async def busy() -> None:
+            while True:
+                await trio.lowlevel.checkpoint()
+
+        for _ in range(20):
+            nursery.start_soon(busy)
+        for i in range(20):
+            await journal.wait_durable(journal.write(_row(f"busy-{i}", i, i)))
+        assert journal.thread_commits > journal.inline_commits
+        nursery.cancel_scope.cancel()
+    before = journal.thread_commits
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(INLINE_MAX_ROWS + 1):
+            journal.write(_row(f"big-{i}", i, i))
+        await journal.wait_durable(journal.queued_seq)
+        assert journal.thread_commits == before + 1
+
+        # Commits that average more than the bound (every commit does, with a bound of 0):
+        # the next ones leave the loop alone.
+        journal.inline_max_commit_s = 0.0
+        await journal.wait_durable(journal.write(_row("slow", 1, 1)))
+        assert journal.thread_commits == before + 2
+        nursery.cancel_scope.cancel()
+    journal.close()
+    assert len(_stored(journal.path)) == 20 + INLINE_MAX_ROWS + 2
+
+
+@pytest.mark.parametrize("on_loop", [True, False], ids=["on-loop", "thread"])
+async def test_the_wal_is_checkpointed_between_commits_and_stays_small(
+    tmp_path: Path, on_loop: bool
+) -> None:
+    # Without checkpoints, 2,000 commits of one row each grow the WAL past 16 MB (two pages
+    # or more each); SQLite's own checkpoint is off, so the journal's must keep it small.
+    path = tmp_path / "journal.sqlite3"
+    journal = SqliteJournal(path)
+    if not on_loop:
+        journal.inline_max_rows = 0
+    wal = Path(f"{path}-wal")
+    largest = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(2_000):
+            await journal.wait_durable(journal.write(_row(f"call-{i}", i, i)))
+            if i % 100 == 0:
+                largest = max(largest, os.stat(wal).st_size)
+        nursery.cancel_scope.cancel()
+    largest = max(largest, os.stat(wal).st_size)
+    journal.close()
+    page_with_header = 4096 + 24
+    assert largest < 2 * CHECKPOINT_PAGES * page_with_header
+    assert len(_stored(path)) == 2_000
