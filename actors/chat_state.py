@@ -195,6 +195,9 @@ class CallState:
     amended: bool = False
     # Its result could not be journaled: it stays on the heap, never read back.
     unsaved: bool = False
+    # The `accepted` of a call that ends before anything else is sent for it, held to go out
+    # with its result once that is durable (_answers_at_once).
+    held_accepted: list[tuple[Conn, AcceptedEvent]] | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -378,6 +381,7 @@ class ChatState:
         if record is None and self.closed:
             raise self._closed_error()
         parsed: msgspec.Struct | None = None
+        tool: ToolDef | None = None
         if record is None or record.tool is None:
             tool = lookup(spec.tool)
             parsed = parse_args(tool, spec.args)
@@ -403,14 +407,40 @@ class ChatState:
             )
             follower = self._follower(call, req.conn, stream=req.stream)
             follower.owed += 1
+            first: tuple[Event, ...] = (accepted,)
+            if not gated and self._answers_at_once(tool):
+                call.held_accepted = [(req.conn, accepted)]
+                first = ()
             self._emit(
-                Follow(req.conn, spec.call_id, req.stream, False, (accepted,), FollowMode.SUBSCRIBE)
+                Follow(req.conn, spec.call_id, req.stream, False, first, FollowMode.SUBSCRIBE)
             )
             self._forget_some()
             self._start(record, gated=gated)
             return
         self._journal_touch(record)
         self._follow(req.conn, record, stream=req.stream, rid=req.rid, from_offset=None)
+
+    def _answers_at_once(self, tool: ToolDef | None) -> bool:
+        """A call of `tool` ends on the loop within this request, sends nothing before its
+        result, and waits only for its result's commit (a read-only tool journals no start):
+        its `accepted` goes out with the result, in one write and one read for the client,
+        instead of a commit ahead of it. Without a journal the result is there at once anyway."""
+        return (
+            self.config.journal_enabled
+            and tool is not None
+            and tool.read_only
+            and (tool.kind is ToolKind.INLINE or tool.kind is ToolKind.PROCESS)
+            and not issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs)
+        )
+
+    def _send_held_accepted(self, call: CallState) -> None:
+        """The held `accepted` goes out now: with the result, or before the reply to a later
+        request naming the call (replies keep the order of their requests)."""
+        held = call.held_accepted
+        if held is not None:
+            call.held_accepted = None
+            for conn, accepted in held:
+                self._emit(Send(conn, accepted))  # a reply: sent even to a detached follower
 
     def _on_attach(self, req: AttachRequest) -> None:
         record = self.records.attach(req.call_id, self._now)
@@ -644,6 +674,8 @@ class ChatState:
         """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
         turn just created: `replay` False)."""
         call = self.calls.get(record.call_id)
+        if call is not None:
+            self._send_held_accepted(call)
         accepted = AcceptedEvent(
             self.chat_id,
             record.call_id,
@@ -1368,6 +1400,7 @@ class ChatState:
         call = self.calls.pop(record.call_id, None)
         event = ResultEvent(self.chat_id, record.call_id, result)
         if call is not None:
+            self._send_held_accepted(call)
             for conn, follower in call.followers.items():
                 for _ in range(follower.owed):
                     self._emit(SendResult(conn, record.call_id, event))
