@@ -634,6 +634,11 @@ class SqliteJournal(Journal):
 
     def _commit(self, batch: _Batch) -> None:
         db = self._db
+        if len(batch) == 1:
+            # One statement is a transaction of its own (the connection is in autocommit
+            # mode): the same commit, without a BEGIN and a COMMIT to step through.
+            db.execute(batch[0][1], batch[0][2])
+            return
         db.execute("BEGIN")
         try:
             # One statement per run of upserts (a pipelined window is mostly upserts back to
