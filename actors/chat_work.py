@@ -78,6 +78,11 @@ class ChatWork:
         self._timers: dict[tuple[str, str], trio.CancelScope] = {}
         self._stoppable: dict[str, trio.CancelScope] = {}
 
+    @property
+    def idle(self) -> bool:
+        """No timer set and no tool a cancel could stop: nothing here outlives the moment."""
+        return not self._timers and not self._stoppable
+
     def run_tool(self, effect: RunTool) -> None:
         if effect.on_loop:
             # Short operations run right here: no task, no context switch (the path of the

@@ -196,6 +196,8 @@ class Followers:
         if any(sub.results_queued or sub.replays_pending for sub in io.subs.values()):
             return  # a replay still to be sent reads the retained output through its follow
         del self._io[call_id]
+        if not self._io:
+            self._io = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat
 
     # -----------------------------------------------------------------------------------------
 

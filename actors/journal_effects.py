@@ -5,7 +5,7 @@ deleted, approvals saved, results read back. Each completion is fed back to the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import Protocol
 
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
@@ -27,21 +27,22 @@ from toolwire.actors.task_host import TaskHost
 log = logging.getLogger("toolwire.chat")
 
 
-class JournalEffects:
-    __slots__ = ("_chat_id", "_ctx", "_feed", "_feed_all", "_tasks", "_waiting")
+class Fed(Protocol):
+    """Where the completions go: the chat's interpreter (ChatActor)."""
 
-    def __init__(
-        self,
-        chat_id: str,
-        ctx: AgentContext,
-        feed: Callable[[Input], None],
-        feed_all: Callable[[list[Input]], None],
-        tasks: TaskHost,
-    ) -> None:
+    def feed(self, event: Input) -> None: ...
+
+    def feed_all(self, events: list[Input]) -> None: ...
+
+
+class JournalEffects:
+    # The chat itself rather than two bound methods of it: 120 bytes less per idle chat.
+    __slots__ = ("_chat", "_chat_id", "_ctx", "_tasks", "_waiting")
+
+    def __init__(self, chat_id: str, ctx: AgentContext, chat: Fed, tasks: TaskHost) -> None:
         self._chat_id = chat_id
         self._ctx = ctx
-        self._feed = feed
-        self._feed_all = feed_all
+        self._chat = chat
         self._tasks = tasks
         # What waits for a change of this chat to be durable, in sequence order (the journal
         # numbers changes in the order they are queued). None while nothing waits: most chats
@@ -58,7 +59,7 @@ class JournalEffects:
                 effect.row.call_id,
                 extra={"chat_id": self._chat_id, "call_id": effect.row.call_id},
             )
-            self._feed(JournalFailed(effect.row.call_id))
+            self._chat.feed(JournalFailed(effect.row.call_id))
             return
         if effect.then is not None:
             self._feed_when_durable(seq, effect.then)
@@ -86,7 +87,7 @@ class JournalEffects:
         waiting = self._waiting
         if waiting is None:
             if journal.is_durable(seq):
-                self._feed(then)
+                self._chat.feed(then)
                 return
             waiting = self._waiting = []
         waiting.append((seq, then))
@@ -108,7 +109,7 @@ class JournalEffects:
             journal.when_durable(waiting[0][0], self._release_durable)
         else:
             self._waiting = None
-        self._feed_all(ready)
+        self._chat.feed_all(ready)
 
     def reopen(self, effect: JournalReopen) -> None:
         self._ctx.journal.forget_closed(self._chat_id)
@@ -126,4 +127,4 @@ class JournalEffects:
                 # lost a durable result. Stop rather than answer anything else.
                 raise JournalError(f"the journal has no saved result for {chat_id!r}/{call_id!r}")
             results[call_id] = result
-        self._feed(ResultsRead(results))
+        self._chat.feed(ResultsRead(results))

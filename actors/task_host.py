@@ -17,15 +17,17 @@ TaskFn = Callable[..., Awaitable[None]]
 
 
 class TaskHost:
-    __slots__ = ("_name", "_nursery", "_pending", "_running", "_start_host")
+    # Per idle chat this is all it costs: no name string of its own (the owner's is named when
+    # needed) and no empty list (tasks waiting for the next opening are rare).
+    __slots__ = ("_nursery", "_owner", "_pending", "_running", "_start_host")
 
-    def __init__(self, name: str, start_host: Callable[[TaskFn], None] | None) -> None:
-        self._name = name
+    def __init__(self, chat_id: str, start_host: Callable[[TaskFn], None] | None) -> None:
+        self._owner = chat_id  # whose tasks these are, named in an error
         # How the host itself is started (the agent's nursery's start_soon), on demand.
         self._start_host = start_host
         self._nursery: trio.Nursery | None = None
         self._running = False  # run() is started or running
-        self._pending: list[tuple[TaskFn, tuple[Any, ...]]] = []
+        self._pending: list[tuple[TaskFn, tuple[Any, ...]]] | None = None
 
     @property
     def busy(self) -> bool:
@@ -40,6 +42,8 @@ class TaskHost:
                 return
             except RuntimeError:
                 pass  # closing: its last task just ended; queued for the next opening
+        if self._pending is None:
+            self._pending = []
         self._pending.append((fn, args))
         self._ensure_running()
 
@@ -48,7 +52,7 @@ class TaskHost:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                pending, self._pending = self._pending, []
+                pending, self._pending = self._pending or (), None
                 for fn, args in pending:
                     nursery.start_soon(fn, *args)
         finally:
@@ -61,6 +65,6 @@ class TaskHost:
         if self._running:
             return
         if self._start_host is None:
-            raise RuntimeError(f"{self._name} has no nursery to run its tasks in")
+            raise RuntimeError(f"chat {self._owner!r} has no nursery to run its tasks in")
         self._running = True
         self._start_host(self.run)
