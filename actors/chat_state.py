@@ -193,8 +193,6 @@ class CallState:
     turn: TurnState | None = None
     # Its result's row was refused and replaced by the agent-failure result (9.9).
     amended: bool = False
-    # Its result could not be journaled: it stays on the heap, never read back.
-    unsaved: bool = False
     # The `accepted` of a call that ends before anything else is sent for it, held to go out
     # with its result once that is durable (_answers_at_once).
     held_accepted: list[tuple[Conn, AcceptedEvent]] | None = None
@@ -1382,22 +1380,24 @@ class ChatState:
             self._on_tool_failed(ToolFailed(event.call_id))
             return
         if call is None or call.amended:
-            # The failure's own row was refused too: answered from memory (a restart then
-            # finds the row before it, or none: nothing ran, or `unknown`).
-            if call is not None:
-                call.unsaved = True
-            self._publish(record)
+            # The failure's own row was refused too (or a cancel's tombstone's, which has no
+            # call to amend): answered from memory (a restart then finds the row before it, or
+            # none: nothing ran, or `unknown`).
+            self._publish(record, unsaved=True)
             return
         call.amended = True
         self.records.amend(record, self._failure_result(record))
         self._emit(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
 
-    def _publish(self, record: ToolCallRecord) -> None:
-        """The saved result is durable: answer every request waiting for it."""
+    def _publish(self, record: ToolCallRecord, *, unsaved: bool = False) -> None:
+        """The saved result is durable (or, `unsaved`, the journal refused it): answer every
+        request waiting for it."""
         result = record.result
         assert result is not None
         self.records.publish(record)
         call = self.calls.pop(record.call_id, None)
+        if not self.calls:
+            self.calls = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat
         event = ResultEvent(self.chat_id, record.call_id, result)
         if call is not None:
             self._send_held_accepted(call)
@@ -1406,7 +1406,7 @@ class ChatState:
                     self._emit(SendResult(conn, record.call_id, event))
                 follower.owed = 0
         self._emit(CallEnded(record.call_id, result))
-        if self.config.journal_keeps_results and not (call is not None and call.unsaved):
+        if self.config.journal_keeps_results and not unsaved:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
             self.results.put((self.chat_id, record.call_id), self.records.release_result(record))
@@ -1535,8 +1535,11 @@ class ChatState:
         for record in self.records.forget_expired(self._now, self.config.forget_after_s):
             if self.config.journal_enabled:
                 self._emit(JournalDelete(record.call_id))
-            # A new call with this id is a new record: never answered with this result.
+            # A new call with this id is a new record: never answered with this result, not
+            # from the cache and not from what the lane took for an earlier delivery (it keeps
+            # what it took until its last delivery is out).
             self.results.discard((self.chat_id, record.call_id))
+            self._lane_held.pop(record.call_id, None)
             self.calls.pop(record.call_id, None)
             self._emit(Forgotten(record.call_id))
             if self.turns:

@@ -283,3 +283,67 @@ def test_the_group_gets_its_grace_after_the_shell_exits() -> None:
     world.check_all_answered()
     result = world.committed["k1"].result
     assert result is not None and result.outcome is Outcome.CANCELED and result.canceled
+
+
+def test_a_read_that_ends_at_once_sends_its_accepted_with_its_durable_result() -> None:
+    """With a journal, `read_file` waits only for its result's commit: its `accepted` goes
+    out with the result (one write for the client), but never after the reply to a later
+    request naming the call, and an effectful call still gets its `accepted` at once."""
+    world = World(journal_keeps_results=True)
+    read = CallSpec("k1", "read_file", CALLS["read"][1])
+    world.request(CallRequest("a0", read, False, None))
+    assert world.owed["a0"].accepted["k1"] == 0, "accepted went out a commit ahead"
+    world.request(CallRequest("b0", read, False, None))  # a repeat before the commit
+    assert world.owed["a0"].accepted["k1"] == 1 and world.owed["b0"].accepted["k1"] == 1
+    world.request(CallRequest("a0", CallSpec("k2", "write_file", CALLS["write"][1]), False, None))
+    assert world.owed["a0"].accepted["k2"] == 1, "an effectful call waited for its commit"
+    world.request(CallRequest("a0", CallSpec("k3", "read_file", CALLS["read"][1]), False, None))
+    assert world.owed["a0"].accepted["k3"] == 0
+    world.commit(len(world.pending_writes))
+    assert world.owed["a0"].accepted["k3"] == 1 and world.owed["a0"].results["k3"] == 1
+    world.quiesce()
+    world.check_all_answered()
+
+
+def test_a_result_the_journal_refused_twice_is_kept_on_the_heap_even_without_a_call() -> None:
+    """A record rebuilt at a restart has no call to amend: when the journal refuses the row of
+    its `unknown` result twice, it is answered from memory and must stay there (a read-back
+    would find the older `running` row), however many results pass through the cache."""
+    world = World(journal_keeps_results=True, cache_entries=1)
+    world.request(CallRequest("a0", CallSpec("k1", "execute", CALLS["cmd"][1]), False, None))
+    world.commit(len(world.pending_writes))  # the start is durable: the command runs
+    world.refusals = 2
+    world.restart()  # k1 was running: it ends `unknown`, and that row is refused twice
+    conn = world.conns[0]
+    for call_id in ("k2", "k3"):  # each result pushes the one before out of the cache
+        world.request(CallRequest(conn, CallSpec(call_id, "read_file", {"path": "f"}), False, None))
+        world.commit(len(world.pending_writes))
+    world.request(CallRequest(conn, CallSpec("k1", "execute", CALLS["cmd"][1]), False, None))
+    assert not world.reads, "the refused result was read back from the journal"
+    world.quiesce()
+    world.check_all_answered()
+
+
+def test_a_forgotten_call_id_is_not_answered_with_what_the_lane_held_for_its_old_record() -> None:
+    """Found by the machine above: a delivery behind a read-back took an old record's result
+    for the lane; the record was forgotten, a new one took its id, and its cancel_result came
+    out with the old result."""
+    machine = ChatStateMachine()
+    machine.start(keeps=True)
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("journal_refuses", {"n": 1}), ("cancel", {"call_ids": ["k1"], "conn": 0}),
+        ("commit", {"n": 1}), ("journal_refuses", {"n": 1}),
+        ("cancel", {"call_ids": ["k2"], "conn": 0}), ("commit", {"n": 1}),
+        ("journal_refuses", {"n": 1}),
+        ("call", {"approval": False, "call_id": "k3", "conn": 0, "kind": "bg", "stream": False,
+                  "timeout": False}),
+        ("commit", {"n": 1}), ("journal_refuses", {"n": 1}),
+        ("cancel", {"call_ids": ["k1", "k2"], "conn": 0}), ("read_back", {}),
+        ("journal_refuses", {"n": 2}), ("time_passes", {"seconds": 40.0}), ("commit", {"n": 1}),
+        ("cancel", {"call_ids": ["k1"], "conn": 0}), ("read_back", {}),
+        ("cancel", {"call_ids": ["k1", "k1"], "conn": 0}),
+    ]  # fmt: skip
+    for name, kwargs in steps:
+        getattr(machine, name)(**kwargs)
+        machine.records_are_consistent()
+    machine.teardown()
