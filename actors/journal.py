@@ -604,8 +604,9 @@ class SqliteJournal(Journal):
             del batch
             try:
                 # The commit's waiters go first: the checkpoint after it delays none of them.
+                checkpoint = checkpoint and seconds is not None  # none after a failed commit
                 token.run_sync_soon(self._on_landed, seconds, not checkpoint)
-                if checkpoint and seconds is not None:
+                if checkpoint:
                     self._checkpoint()
                     token.run_sync_soon(self._on_thread_idle)
             except trio.RunFinishedError:
