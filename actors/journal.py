@@ -68,6 +68,11 @@ MAX_BATCH = 4096
 # parameters each, far below SQLite's limit): the writer then binds a whole group under the GIL
 # once and steps it once, instead of taking the GIL back from the event loop after every row.
 UPSERT_ROWS_PER_STATEMENT = 256
+# A batch of nothing but at most this many upserts (a pipelined window's results) is one
+# statement of exactly that many rows, in autocommit: the whole commit is one call into SQLite,
+# and the writer thread takes the GIL back once for it instead of at every statement. (At most
+# this many statements of this kind are kept prepared.)
+SINGLE_STATEMENT_ROWS = 64
 
 # A commit runs on the event loop's own thread, without the two thread hand-overs (about
 # 50 µs each on a virtual machine), when the loop has nothing else to run, the batch is small,
@@ -639,6 +644,9 @@ class SqliteJournal(Journal):
             # One statement is a transaction of its own (the connection is in autocommit
             # mode): the same commit, without a BEGIN and a COMMIT to step through.
             db.execute(batch[0][1], batch[0][2])
+            return
+        if len(batch) <= SINGLE_STATEMENT_ROWS and all(op[1] is _UPSERT for op in batch):
+            db.execute(_upsert_sql(len(batch)), [value for op in batch for value in op[2]])
             return
         db.execute("BEGIN")
         try:
