@@ -195,7 +195,7 @@ class CallState:
     amended: bool = False
     # The `accepted` of a call that ends before anything else is sent for it, held to go out
     # with its result once that is durable (_answers_at_once).
-    held_accepted: list[tuple[Conn, AcceptedEvent]] | None = None
+    held_accepted: tuple[Conn, AcceptedEvent] | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -407,7 +407,7 @@ class ChatState:
             follower.owed += 1
             first: tuple[Event, ...] = (accepted,)
             if not gated and self._answers_at_once(tool):
-                call.held_accepted = [(req.conn, accepted)]
+                call.held_accepted = (req.conn, accepted)
                 first = ()
             self._emit(
                 Follow(req.conn, spec.call_id, req.stream, False, first, FollowMode.SUBSCRIBE)
@@ -437,8 +437,8 @@ class ChatState:
         held = call.held_accepted
         if held is not None:
             call.held_accepted = None
-            for conn, accepted in held:
-                self._emit(Send(conn, accepted))  # a reply: sent even to a detached follower
+            conn, accepted = held
+            self._emit(Send(conn, accepted))  # a reply: sent even to a detached follower
 
     def _on_attach(self, req: AttachRequest) -> None:
         record = self.records.attach(req.call_id, self._now)
@@ -1380,9 +1380,10 @@ class ChatState:
             self._on_tool_failed(ToolFailed(event.call_id))
             return
         if call is None or call.amended:
-            # The failure's own row was refused too (or a cancel's tombstone's, which has no
-            # call to amend): answered from memory (a restart then finds the row before it, or
-            # none: nothing ran, or `unknown`).
+            # The failure's own row was refused too, or the row of a record with no call to
+            # amend (a cancel's tombstone, a record rebuilt at a restart): answered from memory
+            # and kept there (a restart then finds the row before it, or none: nothing ran, or
+            # `unknown`).
             self._publish(record, unsaved=True)
             return
         call.amended = True
