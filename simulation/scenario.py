@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -585,23 +586,28 @@ def _plan_rmw_cycles(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> 
 def _plan_groups(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
     """Give some commands other members in their process group. A stream of its own, so that
     the rest of a seed's plan is what it was before groups existed."""
+    for call, script in _commands(chats):
+        if rng.random() < s.group_share:
+            members = tuple(
+                make_member(rng, call.token, k, script.duration)
+                for k in range(rng.choice((1, 1, 2, 3)))
+            )
+            chunks = script.chunks
+            if any(m.chunks for m in members):
+                # Another writer's line in the middle of a character would make the stream
+                # invalid UTF-8: the shell writes whole characters here.
+                chunks = whole_characters(chunks)
+            call.script = replace(script, chunks=chunks, members=members)
+
+
+def _commands(chats: list[ChatPlan]) -> Iterator[tuple[CallPlan, Script]]:
+    """Every planned command that spawns (a script, no spawn error), in plan order."""
     for chat in chats:
         for message in chat.messages:
             for call in message.calls:
                 script = call.script
-                if script is None or script.spawn_error is not None:
-                    continue
-                if rng.random() < s.group_share:
-                    members = tuple(
-                        make_member(rng, call.token, k, script.duration)
-                        for k in range(rng.choice((1, 1, 2, 3)))
-                    )
-                    chunks = script.chunks
-                    if any(m.chunks for m in members):
-                        # Another writer's line in the middle of a character would make the
-                        # stream invalid UTF-8: the shell writes whole characters here.
-                        chunks = whole_characters(chunks)
-                    call.script = replace(script, chunks=chunks, members=members)
+                if script is not None and script.spawn_error is None:
+                    yield call, script
 
 
 def whole_characters(chunks: tuple[tuple[float, bytes], ...]) -> tuple[tuple[float, bytes], ...]:
@@ -746,15 +752,10 @@ def _plan_interactive(rng: random.Random, s: Scenario, chats: list[ChatPlan]) ->
 def _plan_kill_after(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
     """Give some commands a hard deadline (`kill_after_ms`), shorter or longer than they run,
     foreground, timed-out and background alike. A stream of its own."""
-    for chat in chats:
-        for message in chat.messages:
-            for call in message.calls:
-                script = call.script
-                if script is None or script.spawn_error is not None:
-                    continue
-                if rng.random() < s.kill_after_share:
-                    ms = int(script.duration * 1000 * rng.uniform(0.1, 1.6))
-                    call.args = {**call.args, "kill_after_ms": max(1, ms)}
+    for call, script in _commands(chats):
+        if rng.random() < s.kill_after_share:
+            ms = int(script.duration * 1000 * rng.uniform(0.1, 1.6))
+            call.args = {**call.args, "kill_after_ms": max(1, ms)}
 
 
 def _plan_closes(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:

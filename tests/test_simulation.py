@@ -149,17 +149,18 @@ def test_the_trace_does_not_depend_on_what_ran_before() -> None:
 # The checker can fail: planted bugs
 
 
-@pytest.mark.parametrize(
-    ("plant", "expected"),
-    [
-        ("repeat-runs-again", "a.effect_twice"),
-        ("cancel-says-not-run", "c.not_run_with_effect"),
-        ("lost-output-chunk", "e.output_gap"),
-        ("turn-missing-result", "d.turn_result_count"),
-        ("write-ignores-expected", "w.lost_write"),
-        ("kill-group-at-leader-exit", "p.cleanup_cut"),
-    ],
-)
+# Each planted bug and the violation code that must catch it, in either mode.
+PLANTED_BUGS = [
+    ("repeat-runs-again", "a.effect_twice"),
+    ("cancel-says-not-run", "c.not_run_with_effect"),
+    ("lost-output-chunk", "e.output_gap"),
+    ("turn-missing-result", "d.turn_result_count"),
+    ("write-ignores-expected", "w.lost_write"),
+    ("kill-group-at-leader-exit", "p.cleanup_cut"),
+]
+
+
+@pytest.mark.parametrize(("plant", "expected"), PLANTED_BUGS)
 def test_each_planted_bug_is_caught_within_50_seeds(plant: str, expected: str) -> None:
     for seed in range(50):
         result = run_world(seed, "mix", plant=plant)
@@ -605,17 +606,7 @@ def test_the_mix_gives_each_mode_its_share_and_a_seed_keeps_its_mode() -> None:
     assert 80 <= modes["pure"] <= 140 and modes["agent"] > 200, modes
 
 
-@pytest.mark.parametrize(
-    ("plant", "expected"),
-    [
-        ("repeat-runs-again", "a.effect_twice"),
-        ("cancel-says-not-run", "c.not_run_with_effect"),
-        ("lost-output-chunk", "e.output_gap"),
-        ("turn-missing-result", "d.turn_result_count"),
-        ("write-ignores-expected", "w.lost_write"),
-        ("kill-group-at-leader-exit", "p.cleanup_cut"),
-    ],
-)
+@pytest.mark.parametrize(("plant", "expected"), PLANTED_BUGS)
 def test_each_planted_bug_is_caught_in_pure_mode_within_50_seeds(plant: str, expected: str) -> None:
     for seed in range(50):
         result = run_pure_seed(seed, plant=plant)
