@@ -265,6 +265,16 @@ class _PendingReply:
     fire: Callable[[], None]
 
 
+def _stoppable(tool: ToolDef) -> bool:
+    """A wait a cancel can end (`process_output`, `process_input`): it runs as a task."""
+    return issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs)
+
+
+def _runs_on_loop(tool: ToolDef) -> bool:
+    """Short enough to run right on the event loop, within the input that starts it."""
+    return tool.kind is ToolKind.INLINE or (tool.kind is ToolKind.PROCESS and not _stoppable(tool))
+
+
 class ChatState:
     """The state of one chat and the one place its decisions are made (module docstring)."""
 
@@ -427,8 +437,7 @@ class ChatState:
             self.config.journal_enabled
             and tool is not None
             and tool.read_only
-            and (tool.kind is ToolKind.INLINE or tool.kind is ToolKind.PROCESS)
-            and not issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs)
+            and _runs_on_loop(tool)
         )
 
     def _send_held_accepted(self, call: CallState) -> None:
@@ -929,10 +938,8 @@ class ChatState:
                 return
             self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
             return
-        call.stoppable = isinstance(call.parsed, ProcessOutputArgs | ProcessInputArgs)
-        on_loop = tool.kind is ToolKind.INLINE or (
-            tool.kind is ToolKind.PROCESS and not call.stoppable
-        )
+        call.stoppable = _stoppable(tool)
+        on_loop = _runs_on_loop(tool)
         self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop))
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
