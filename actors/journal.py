@@ -283,14 +283,6 @@ _UPSERT = (
 )
 _UPSERT_MANY_HEAD = "INSERT INTO calls (chat_id, call_id, row, touched_at_ms) VALUES "
 _UPSERT_MANY_TAIL = _UPSERT[_UPSERT.index(" ON CONFLICT") :]
-
-
-def upsert_many_sql(rows: int) -> str:
-    """One upsert of `rows` rows. SQLite applies the VALUES in order, so a record written twice
-    in one statement ends as its later row, as with one statement per row."""
-    return _UPSERT_MANY_HEAD + ", ".join(["(?, ?, ?, ?)"] * rows) + _UPSERT_MANY_TAIL
-
-
 _TOUCH = "UPDATE calls SET touched_at_ms = ? WHERE chat_id = ? AND call_id = ?"
 _DELETE = "DELETE FROM calls WHERE chat_id = ? AND call_id = ?"
 _SELECT_ROW = "SELECT row FROM calls WHERE chat_id = ? AND call_id = ?"
@@ -697,7 +689,11 @@ def _upsert_run(
 
 @functools.cache
 def _upsert_sql(rows: int) -> str:
-    return _UPSERT if rows == 1 else upsert_many_sql(rows)
+    """One upsert of `rows` rows. SQLite applies the VALUES in order, so a record written twice
+    in one statement ends as its later row, as with one statement per row."""
+    if rows == 1:
+        return _UPSERT
+    return _UPSERT_MANY_HEAD + ", ".join(["(?, ?, ?, ?)"] * rows) + _UPSERT_MANY_TAIL
 
 
 def open_journal(kind: str, state_dir: Path | None, sync: str = "full") -> Journal:
