@@ -631,6 +631,8 @@ class SqliteJournal(Journal):
         self._thread_idle = True
 
     def _commit(self, batch: _Batch) -> None:
+        # Every commit, on the loop or on the writer thread, is this one call (the journal
+        # benchmark's bound, benchmarks/toolwire_server.py, skips exactly it).
         db = self._db
         if len(batch) == 1:
             # One statement is a transaction of its own (the connection is in autocommit

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -21,6 +22,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Kernels built with scheduler statistics keep, per thread, its CPU time in nanoseconds and how
+# long it waited, runnable, for a CPU; without them a thread's CPU comes from its stat (ticks).
+_HAS_SCHEDSTAT = os.path.exists("/proc/self/schedstat")
 
 
 def child_env() -> dict[str, str]:
@@ -121,21 +125,75 @@ class ServerProcess:
         self.stop()
 
 
+TaskTimes = dict[int, tuple[float, float | None]]
+
+
+def task_times(pid: int) -> TaskTimes:
+    """Per live thread of `pid`: (CPU seconds, seconds it waited runnable for a CPU, or None
+    where the kernel keeps no scheduler statistics)."""
+    out: TaskTimes = {}
+    for name in os.listdir(f"/proc/{pid}/task"):
+        base = f"/proc/{pid}/task/{name}"
+        try:
+            if _HAS_SCHEDSTAT:
+                with open(f"{base}/schedstat") as f:
+                    cpu_ns, wait_ns, _slices = f.read().split()
+                out[int(name)] = (int(cpu_ns) / 1e9, int(wait_ns) / 1e9)
+            else:
+                with open(f"{base}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(name)] = ((int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, None)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended since the listing
+    return out
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """Where one server process's CPU went over a timed section, by thread: its main thread
+    (a toolwire server's event loop), all its other threads together (the journal's writer,
+    trio's worker threads), and how long the main thread was runnable but waited for a CPU (on
+    a machine with fewer free cores than runnable threads). A thread that ended within the
+    section is not counted."""
+
+    main_cpu_s: float
+    others_cpu_s: float
+    main_wait_s: float | None
+
+    @classmethod
+    def between(cls, pid: int, before: TaskTimes, after: TaskTimes) -> ThreadTimes:
+        def spent(tid: int) -> tuple[float, float | None]:
+            cpu, wait = after[tid]
+            cpu0, wait0 = before.get(tid, (0.0, 0.0 if wait is not None else None))
+            return cpu - cpu0, None if wait is None or wait0 is None else wait - wait0
+
+        main_cpu, main_wait = spent(pid) if pid in after else (0.0, None)
+        others = sum(spent(tid)[0] for tid in after if tid != pid)
+        return cls(main_cpu, others, main_wait)
+
+
 class CpuMeter:
-    """CPU seconds spent by this process and by one server process over a timed section."""
+    """CPU seconds spent by this process and by one server process over a timed section, and
+    the server's split by thread (`ThreadTimes`)."""
 
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
         self._client0 = 0.0
         self._server0 = 0.0
+        self._tasks0: TaskTimes = {}
         self.client_s = 0.0
         self.server_s = 0.0
+        self.server_threads: ThreadTimes | None = None
 
     def start(self) -> None:
         self._client0 = time.process_time()
-        self._server0 = cpu_seconds(self.server_pid) if self.server_pid else 0.0
+        if self.server_pid:
+            self._server0 = cpu_seconds(self.server_pid)
+            self._tasks0 = task_times(self.server_pid)
 
     def stop(self) -> None:
         self.client_s = time.process_time() - self._client0
         if self.server_pid:
             self.server_s = cpu_seconds(self.server_pid) - self._server0
+            after = task_times(self.server_pid)
+            self.server_threads = ThreadTimes.between(self.server_pid, self._tasks0, after)

@@ -11,6 +11,19 @@ RATIO_HELP = (
     "pooled latency samples); in brackets the min-max of the per-repeat ratios."
 )
 
+# The per-operation side numbers shown in each scenario's table, in this order. The server's
+# main thread is a toolwire server's event loop; "waited for a CPU" is time it was runnable
+# but not running (more runnable threads than free cores: on a 2-core machine the client, the
+# loop and the journal's writer thread take turns).
+PER_OP_LABELS = {
+    "server_cpu_us_per_op": "server CPU {} us",
+    "server_main_cpu_us_per_op": "main thread {} us",
+    "server_others_cpu_us_per_op": "other threads {} us",
+    "server_main_wait_us_per_op": "main thread waited for a CPU {} us",
+    "client_cpu_us_per_op": "client CPU {} us",
+    "wire_bytes_per_op": "{} B on the wire",
+}
+
 
 def clean(value: Any) -> Any:
     """JSON has no NaN or infinity: they become null."""
@@ -150,15 +163,11 @@ def _details(name: str, scenario: dict[str, Any]) -> list[str]:
         )
         extra = m.get("extra", {})
         per_op = []
-        for key, label in (
-            ("server_cpu_us_per_op", "server CPU {} us"),
-            ("client_cpu_us_per_op", "client CPU {} us"),
-            ("wire_bytes_per_op", "{} B on the wire"),
-        ):
+        for key, label in PER_OP_LABELS.items():
             if key in extra:
                 per_op.append(label.format(f"{extra[key]['median']:,.0f}"))
         for key, value in extra.items():
-            if key in ("server_cpu_us_per_op", "client_cpu_us_per_op", "wire_bytes_per_op"):
+            if key in PER_OP_LABELS:
                 continue
             if key in (
                 "received_bytes",

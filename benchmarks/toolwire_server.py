@@ -1,11 +1,13 @@
 """A toolwire agent and WebSocket server for the benchmarks
 (`python -m toolwire.benchmarks.toolwire_server --workspace DIR --token TOKEN
-[--journal memory|sqlite --state-dir DIR --sync full|normal] [--no-metrics]`): the same `Agent`
-and `Server` as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once it listens.
-SIGTERM shuts it down like `serve`. The scenarios start it with serve's defaults (`--journal
-sqlite --sync full`, `benchmarks/scenarios/common.py`) and with the memory journal as a row
-beside them. `--no-metrics` turns the operator's counters off (`AgentContext.metrics = None`):
-the baseline of their cost.
+[--journal memory|sqlite --state-dir DIR --sync full|normal] [--no-metrics] [--skip-commits]`):
+the same `Agent` and `Server` as `toolwire serve`, on 127.0.0.1 port 0, printing `PORT <n>` once
+it listens. SIGTERM shuts it down like `serve`. The scenarios start it with serve's defaults
+(`--journal sqlite --sync full`, `benchmarks/scenarios/common.py`) and with the memory journal as
+a row beside them. `--no-metrics` turns the operator's counters off (`AgentContext.metrics =
+None`): the baseline of their cost. `--skip-commits` (with the SQLite journal) runs the whole
+durable path but skips the statements of every commit (`SkippedCommitsJournal`): the journal
+benchmark's bound on what the loop's own share of durability costs.
 """
 
 from __future__ import annotations
@@ -13,12 +15,24 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
-from toolwire.actors.journal import open_journal
+from toolwire.actors.journal import SqliteJournal, open_journal
 from toolwire.transport.server import Server, ServerConfig
+
+
+class SkippedCommitsJournal(SqliteJournal):
+    """The SQLite journal with the statements of every commit skipped, as if the disk took no
+    time. Everything else runs as on serve's defaults: rows built and queued, group commits run
+    on the loop or handed to the writer thread by the same rules, waiters released when a
+    commit lands. A bound for the journal benchmark, never a journal to use: nothing it is
+    given reaches the file, so nothing survives a restart."""
+
+    def _commit(self, batch: list[tuple[int, str, tuple[Any, ...]]]) -> None:
+        del batch
 
 
 async def main(
@@ -28,11 +42,15 @@ async def main(
     state_dir: str = "",
     sync: str = "full",
     metrics: bool = True,
+    skip_commits: bool = False,
 ) -> None:
-    ctx = AgentContext(
-        workspace=workspace,
-        journal=open_journal(journal, Path(state_dir) if state_dir else None, sync),
-    )
+    if skip_commits:
+        if journal != "sqlite" or not state_dir:
+            raise SystemExit("--skip-commits needs --journal sqlite and --state-dir")
+        chosen = SkippedCommitsJournal(Path(state_dir) / "journal.sqlite3", sync)
+    else:
+        chosen = open_journal(journal, Path(state_dir) if state_dir else None, sync)
+    ctx = AgentContext(workspace=workspace, journal=chosen)
     if not metrics:
         ctx.metrics = None
     async with trio.open_nursery() as nursery:
@@ -55,6 +73,7 @@ if __name__ == "__main__":
     parser.add_argument("--state-dir", default="")
     parser.add_argument("--sync", choices=["full", "normal"], default="full")
     parser.add_argument("--no-metrics", action="store_true")
+    parser.add_argument("--skip-commits", action="store_true")
     args = parser.parse_args()
     trio.run(
         main,
@@ -64,4 +83,5 @@ if __name__ == "__main__":
         args.state_dir,
         args.sync,
         not args.no_metrics,
+        args.skip_commits,
     )

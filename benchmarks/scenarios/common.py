@@ -12,7 +12,7 @@ from pathlib import Path
 import trio
 
 from toolwire.benchmarks.core import BenchContext, Measurement
-from toolwire.benchmarks.procs import CpuMeter, ServerProcess
+from toolwire.benchmarks.procs import CpuMeter, ServerProcess, ThreadTimes
 from toolwire.benchmarks.wire import WsConn, ws_connect
 
 # The "trivial call": read_file of a small file (5 lines, 300 bytes).
@@ -32,6 +32,7 @@ class Timed:
     client_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
     wire_bytes: int = 0
+    server_threads: ThreadTimes | None = None
 
     @property
     def rate(self) -> float:
@@ -48,6 +49,12 @@ class Timed:
             extra["server_cpu_us_per_op"] = self.server_cpu_s * 1e6 / ops
         if self.wire_bytes:
             extra["wire_bytes_per_op"] = self.wire_bytes / ops
+        threads = self.server_threads
+        if threads is not None:
+            extra["server_main_cpu_us_per_op"] = threads.main_cpu_s * 1e6 / ops
+            extra["server_others_cpu_us_per_op"] = threads.others_cpu_s * 1e6 / ops
+            if threads.main_wait_s is not None:
+                extra["server_main_wait_us_per_op"] = threads.main_wait_s * 1e6 / ops
         m.add(self.rate, **extra)
 
 
@@ -75,9 +82,10 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     agent on `toolwire serve`'s defaults (SQLite journal in a state dir of its own, sync full);
     `toolwire-normal`: the same with `--sync normal`; `toolwire-nometrics`: the same as
     `toolwire` with the operator's counters off (`/metrics` cost baseline); `toolwire-memory`:
-    the memory journal (nothing survives a restart); `toolwire-2` and `toolwire-memory-2`:
-    second agents like `toolwire` and `toolwire-memory`, with state of their own; `http`: the
-    request/response baseline on the same actors."""
+    the memory journal (nothing survives a restart); `toolwire-skipcommits`: the same as
+    `toolwire` with the statements of every commit skipped (a bound, not durable);
+    `toolwire-2` and `toolwire-memory-2`: second agents like `toolwire` and `toolwire-memory`,
+    with state of their own; `http`: the request/response baseline on the same actors."""
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
     agent = "toolwire.benchmarks.toolwire_server"
@@ -107,6 +115,15 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
             ],
         ),
         "toolwire-memory": (agent, [f"--workspace={workspace}", "--journal=memory"]),
+        "toolwire-skipcommits": (
+            agent,
+            [
+                f"--workspace={workspace}",
+                "--journal=sqlite",
+                f"--state-dir={ctx.scratch('state')}",
+                "--skip-commits",
+            ],
+        ),
         # Second agents with the same settings, for variants that must not share one agent's
         # history (bigwrite: calls alone must not pay for the big writes an agent did before).
         "toolwire-2": (
@@ -155,6 +172,13 @@ def timed_ws(
             ops = await body(conn)
             seconds = time.perf_counter() - t0
             meter.stop()
-            return Timed(ops, seconds, meter.client_s, meter.server_s, conn.counter.total)
+            return Timed(
+                ops,
+                seconds,
+                meter.client_s,
+                meter.server_s,
+                conn.counter.total,
+                meter.server_threads,
+            )
 
     return trio.run(main)

@@ -313,7 +313,7 @@ async def _http_trivial(server: ServerProcess, token: str, chat: str, n_calls: i
         for _, counter in clients:
             await counter.aclose()
     wire = sum(counter.total for _, counter in clients)
-    return Timed(n_calls, seconds, meter.client_s, meter.server_s, wire)
+    return Timed(n_calls, seconds, meter.client_s, meter.server_s, wire, meter.server_threads)
 
 
 async def _http_ttfb(
