@@ -1576,15 +1576,23 @@ class ChatState:
     # The journal
 
     def _row(self, record: ToolCallRecord, call: CallState | None) -> JournalRow:
-        """The row that remembers `record` as it is now (with the call as it was requested)."""
+        """The row that remembers `record` as it is now (with the call as it was requested).
+
+        Its args only while the record awaits approval: a parked gate is announced again after
+        a restart, args and all, and runs once approved. A call that runs or ran needs only its
+        fingerprint (a repeat with other args is a conflict): after a restart it ends `unknown`
+        or serves its saved result. Keeping args out of those rows keeps a 16 MiB `write_file`
+        out of the journal, where it would be written twice and every other chat's commit would
+        wait behind it (docs/benchmarks.md, `bigwrite`)."""
         spec = call.spec if call is not None else CallSpec(record.call_id, record.tool or "", None)
+        parked = record.state is RecordState.AWAITING_APPROVAL
         return JournalRow(
             chat_id=self.chat_id,
             call_id=record.call_id,
             state=record.state.value,
             tool=record.tool,
             fingerprint=record.fingerprint,
-            args=spec.args,
+            args=spec.args if parked else None,
             timeout_ms=spec.timeout_ms,
             background=spec.background,
             approval=spec.approval,

@@ -18,7 +18,7 @@ class JournalRow(msgspec.Struct, kw_only=True):
     state: str  # "awaiting_approval" / "running" / "done" (queued calls are not journaled)
     tool: str | None
     fingerprint: bytes | None
-    args: Any = None
+    args: Any = None  # only while the record awaits approval (ChatState._row)
     timeout_ms: int | None = None
     background: bool = False
     approval: bool = False

@@ -268,6 +268,51 @@ async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
     assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
 
 
+async def test_only_a_parked_gate_keeps_its_args_on_disk(tmp_path: Path) -> None:
+    """Args are journaled to announce a parked gate again after a restart, and for nothing
+    else: a call that ran keeps its fingerprint (a repeat with other args is still refused),
+    so a large `write_file` is not written into the journal at all."""
+    journal = tmp_path / "state" / "journal.sqlite3"
+    content = "x" * 300_000
+    command = {"command": "echo gated"}
+    async with serve(tmp_path) as server:
+        async with connect(server.url, _token(tmp_path)) as conn:
+            wrote = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": content})
+            assert wrote["outcome"] == "completed"
+            ran = await conn.call("c", "e", "execute", {"command": "true"})
+            assert ran["outcome"] == "completed"
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "g", "tool": "execute",
+                             "args": command, "approval": True})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "approval")
+            # Commits are in order and a cancel tombstone is durable before its reply.
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["barrier"]})
+            await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True)
+            rows = {
+                call_id: msgspec.msgpack.decode(blob, type=JournalRow)
+                for call_id, blob in db.execute("SELECT call_id, row FROM calls")
+            }
+            size = sum(len(blob) for (blob,) in db.execute("SELECT row FROM calls"))
+            db.close()
+            assert (rows["w"].state, rows["w"].args) == ("done", None)
+            assert (rows["e"].state, rows["e"].args) == ("done", None)
+            assert rows["w"].fingerprint and rows["e"].fingerprint
+            assert (rows["g"].state, rows["g"].args) == ("awaiting_approval", command)
+            assert size < 10_000  # not the 300 KB the write carried
+            other = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": "y"})
+            assert other["type"] == "error" and other["code"] == "conflict"
+            same = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": content})
+            assert same["type"] == "result" and same["outcome"] == "completed"
+        await _kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        # After a restart: the fingerprint still tells a repeat from a conflict.
+        other = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": "y"})
+        assert other["type"] == "error" and other["code"] == "conflict"
+        same = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": content})
+        assert same["type"] == "result" and same["outcome"] == "completed"
+    assert (tmp_path / "ws" / "f.txt").read_text() == content
+
+
 async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path: Path) -> None:
     """A read-only call journals no start (it has no effect a crash could forget): cut short by
     a crash, it left no trace, so a repeat runs it again instead of ending `unknown`."""
