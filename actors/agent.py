@@ -61,21 +61,21 @@ class Agent:
         self.ready = False
         self.stopping = False  # shutdown() began: requests are refused
         self._nursery: trio.Nursery | None = None
+        # The journal's last write before this agent's first: a store may count writes a dead
+        # agent queued and never committed, which never become durable, so recovery and
+        # shutdown wait only for writes queued after this one.
+        self._journal_seq_at_start = ctx.journal.queued_seq
 
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.ctx.journal.run)
-            journal = self.ctx.journal
-            queued_before = journal.queued_seq
+            self._journal_seq_at_start = self.ctx.journal.queued_seq
             self.recovered = await self._recover()
             # Recovery ends every call that was running when the agent died `unknown`. That
             # outcome is on disk before the agent takes requests: a retry right after a restart
             # is told "done" with its result, never "running" while the write is under way.
-            # Only recovery's own writes are waited for (a store may count writes a dead agent
-            # queued and never committed).
-            if journal.queued_seq != queued_before:
-                await journal.wait_durable(journal.queued_seq)
+            await self._wait_own_writes_durable()
             nursery.start_soon(self._sweeper)
             self.ready = True
             task_status.started(self)
@@ -214,8 +214,15 @@ class Agent:
         async with trio.open_nursery() as nursery:
             for chat in list(self.chats.values()):
                 nursery.start_soon(chat.shutdown)
+        await self._wait_own_writes_durable()
+
+    async def _wait_own_writes_durable(self) -> None:
+        """Until every journal write this agent queued is durable (commits are in order: its
+        last one is enough). Writes of a dead agent before it are not waited for: those it
+        never committed never will be (see `_journal_seq_at_start`)."""
         journal = self.ctx.journal
-        await journal.wait_durable(journal.queued_seq)
+        if journal.queued_seq != self._journal_seq_at_start:
+            await journal.wait_durable(journal.queued_seq)
 
     async def stop_processes(self, grace_s: float) -> None:
         """End every running process group: SIGTERM, then SIGKILL after `grace_s`."""

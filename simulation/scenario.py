@@ -539,7 +539,7 @@ def make_plan(seed: int, scenario: Scenario) -> Plan:
     _plan_rmw_cycles(random.Random(f"{seed}/rmw"), s, chats)
     _plan_groups(random.Random(f"{seed}/groups"), s, chats)
     _plan_scopes(random.Random(f"{seed}/scopes"), s, chats)
-    _plan_interactive(random.Random(f"{seed}/interactive"), s, chats)
+    _plan_interactive(random.Random(f"{seed}/interactive"), s, chats, approve_tools)
     _plan_kill_after(random.Random(f"{seed}/kill-after"), s, chats)
     _plan_closes(random.Random(f"{seed}/close"), s, chats)
     shutdowns = random.Random(f"{seed}/shutdown")
@@ -677,7 +677,9 @@ def _plan_scopes(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None
 _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789 "
 
 
-def _plan_interactive(rng: random.Random, s: Scenario, chats: list[ChatPlan]) -> None:
+def _plan_interactive(
+    rng: random.Random, s: Scenario, chats: list[ChatPlan], approve_tools: frozenset[str]
+) -> None:
     """Insert each chat's interactive sessions among its messages: an `execute` with a stdin
     pipe or a terminal (sometimes neither: its inputs must fail) whose script reads what it is
     given, then one to three messages of `process_input` calls to it, several at once in
@@ -704,7 +706,12 @@ def _plan_interactive(rng: random.Random, s: Scenario, chats: list[ChatPlan]) ->
                 args["stdin"] = True
             elif how < 0.9:
                 args["pty"] = {"rows": 24, "cols": 80}
-            start = CallPlan(token, f"toolu_{token}", "execute", args, script=script)
+            # The agent's policy gates it like any other `execute` (answered as a
+            # read-modify-write step is: approved, after the default delay).
+            start = CallPlan(
+                token, f"toolu_{token}", "execute", args, script=script,
+                gated="execute" in approve_tools,
+            )  # fmt: skip
             mode = rng.random()
             if mode < 0.6:
                 start.background = True

@@ -436,6 +436,50 @@ def test_the_sim_journal_keeps_commits_and_loses_the_rest_on_a_crash() -> None:
     assert [r.call_id for r in journal.load()] == ["a", "c"]
 
 
+def test_an_agent_after_one_that_died_with_a_write_queued_stops_gracefully(
+    tmp_path: Path,
+) -> None:
+    """Found by seed 41436 of `crashes`: an agent died with a write queued; the next one was
+    shut down before it wrote anything, and waited forever for that write, which the journal
+    still counted but which can never be durable. Recovery and shutdown now wait only for the
+    writes of their own agent."""
+    journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
+    lost = JournalRow(chat_id="c", call_id="lost", state="running", tool="execute",
+                      fingerprint=b"f")  # fmt: skip
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            journal.write(lost)  # still on its way to disk when the agent dies
+            nursery.cancel_scope.cancel()
+        assert journal.crash() == 1
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                ctx = AgentContext(workspace=str(tmp_path), journal=journal)
+                agent: Agent = await nursery.start(Agent(ctx).run)
+                await agent.shutdown()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert journal.load() == []
+
+
+def test_an_interactive_start_is_gated_when_the_policy_names_execute() -> None:
+    """Found by seed 51221 of `approvals`: the planner marked an interactive session's
+    `execute` ungated although the agent's policy gated every `execute`, so the checker called
+    its expiry (its approval was sent on a connection that dropped) a violation."""
+    seen = 0
+    for seed in range(400):
+        plan = make_plan(seed, SCENARIOS["approvals"])
+        for chat in plan.chats:
+            for message in chat.messages:
+                for call in message.calls:
+                    if call.token.startswith("@x") and call.tool == "execute":
+                        assert call.gated == ("execute" in plan.approve_tools)
+                        seen += call.gated
+    assert seen > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # `toolwire sim`
 
