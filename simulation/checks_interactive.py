@@ -26,7 +26,12 @@ from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 from toolwire.actors import events
-from toolwire.actors.results import TEXT_SHUTDOWN, Result, text_killed_after
+from toolwire.actors.results import (
+    TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_SHUTDOWN,
+    Result,
+    text_killed_after,
+)
 from toolwire.actors.terminal import DEFAULT_EOF_CHAR
 from toolwire.simulation.scenario import EPOCH_MS
 from toolwire.simulation.trace import (
@@ -41,6 +46,7 @@ from toolwire.simulation.trace import (
     CallReq,
     CancelReq,
     CloseChatReq,
+    InterruptReq,
     TurnReq,
     chat_label,
     short,
@@ -77,6 +83,10 @@ def check_interactive(
     closed_conns: set[int] = set()
     signals: dict[Key, list[tuple[int, float, str]]] = defaultdict(list)
     reqs: list[tuple[int, int, Any]] = []  # (entry, gen, request)
+    # What can stop a running command as a cancel does: (entry, time, request or None for a
+    # shutdown), and the calls each turn names (an interrupt with a `turn_id` stops only them).
+    stops: list[tuple[int, float, Any]] = []
+    turn_calls: dict[tuple[str, str], set[str]] = defaultdict(set)
     for idx, entry in enumerate(entries):
         kind = entry[0]
         if kind == REQ:
@@ -88,11 +98,16 @@ def check_interactive(
             elif isinstance(req, TurnReq):
                 for spec in req.specs:
                     first_in_gen.setdefault((g, req.chat, spec.call_id), idx)
+                    turn_calls[(req.chat, req.turn_id)].add(spec.call_id)
             elif isinstance(req, CancelReq):
                 for call in req.call_ids:
                     first_in_gen.setdefault((g, req.chat, call), idx)
+                stops.append((idx, entry[1], req))
+            elif isinstance(req, InterruptReq):
+                stops.append((idx, entry[1], req))
             elif isinstance(req, CloseChatReq):
                 closes.append((idx, entry[1], g, conn, req))
+                stops.append((idx, entry[1], req))
         elif kind == REJECT:
             refused[entry[3]] = entry[4]
         elif kind == BOOT:
@@ -101,6 +116,7 @@ def check_interactive(
                 first_in_gen.setdefault((gen, chat, call), idx)
         elif kind == SHUTDOWN:
             shutdowns.append((idx, entry[1], entry[2]))
+            stops.append((idx, entry[1], None))
         elif kind == STOPPED:
             stopped[entry[2]] = (idx, entry[1], entry[3], entry[4])
         elif kind == SIGNAL:
@@ -119,7 +135,8 @@ def check_interactive(
                 spawn_gen.setdefault(key, (eidx, g, t))
 
     _stdin(ck, canonical, first_in_gen, spawn_gen)
-    _deadlines(ck, canonical, signals)
+    stops = [stop for stop in stops if stop[0] not in refused]
+    _deadlines(ck, canonical, signals, stops, turn_calls)
     _shutdowns(ck, canonical, shutdowns, stopped, reqs, refused, spawn_gen)
     _closes(ck, closes, applied, closed_rx, closed_conns, reqs, refused, effects, first_in_gen)
 
@@ -254,10 +271,46 @@ def _stdin(
 # -- (h) hard deadlines --------------------------------------------------------------------------
 
 
+def _stop_texts(
+    stops: list[tuple[int, float, Any]],
+    turn_calls: dict[tuple[str, str], set[str]],
+    key: Key,
+    lo: float,
+    term_at: float,
+) -> set[str]:
+    """The texts of the stops (a cancel, interrupt or close naming the call, or a shutdown)
+    the agent applied from `lo`, the earliest its hard deadline can be, to `term_at`, the
+    SIGTERM the deadline seems to have sent. A result's `started_at` is whole milliseconds, so
+    the deadline is known only to within one: a stop applied in that millisecond, no later than
+    the SIGTERM, may have come first (the SIGTERM is then its own), and the first stop decides
+    the outcome (docs/protocol.md, "Hard deadline")."""
+    chat, call = key
+    texts: set[str] = set()
+    for _idx, t, req in stops:
+        if not lo - _EPS <= t <= term_at + _EPS:
+            continue
+        if req is None:
+            texts.add(TEXT_SHUTDOWN)
+        elif req.chat != chat:
+            continue
+        elif (
+            isinstance(req, CloseChatReq)
+            or (isinstance(req, CancelReq) and call in req.call_ids)
+            or (
+                isinstance(req, InterruptReq)
+                and (req.turn_id is None or call in turn_calls.get((chat, req.turn_id), ()))
+            )
+        ):
+            texts.add(TEXT_CANCELED_WHILE_RUNNING)
+    return texts
+
+
 def _deadlines(
     ck: Checker,
     canonical: dict[Key, tuple[Result, int]],
     signals: dict[Key, list[tuple[int, float, str]]],
+    stops: list[tuple[int, float, Any]],
+    turn_calls: dict[tuple[str, str], set[str]],
 ) -> None:
     grace = ck.kill_grace_s or 0.0
     readers: dict[Key, list[Key]] = defaultdict(list)  # process -> process_output/_input calls
@@ -333,10 +386,14 @@ def _deadlines(
             and done_at >= hi
             and (result.outcome.value != "timed_out" or killed_text)
         )
+        overtaken = _stop_texts(stops, turn_calls, key, lo, min(at_deadline))
         if (
             owed
             and result.outcome.value != "unknown"
             and not (result.outcome.value == "timed_out" and result.timed_out and killed_text)
+            and not (
+                result.outcome.value == "canceled" and result.canceled and result.text in overtaken
+            )
         ):
             ck.fail(
                 "h.result",

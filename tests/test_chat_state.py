@@ -35,13 +35,17 @@ from toolwire.actors.effects import (
     CloseChatRequest,
     DetachRequest,
     InterruptRequest,
+    Shutdown,
     Sweep,
     ToolEnded,
     TurnRequest,
 )
 from toolwire.actors.results import (
+    TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_SHUTDOWN,
     Outcome,
     ToolReport,
+    text_killed_after,
 )
 from toolwire.simulation.pure_world import World
 
@@ -347,3 +351,54 @@ def test_a_forgotten_call_id_is_not_answered_with_what_the_lane_held_for_its_old
         getattr(machine, name)(**kwargs)
         machine.records_are_consistent()
     machine.teardown()
+
+
+def _stop(world: World, kind: str) -> None:
+    """A cancel, an interrupt, a close or the agent's shutdown: each stops a running command
+    as a cancel does (PROTOCOL.md 5.3, 5.7, 9.6, 9.3)."""
+    owed = world.owed["a0"]
+    if kind == "cancel":
+        owed.cancels += 1
+        assert world.request(CancelRequest("a0", ("k1",), None))
+    elif kind == "interrupt":
+        owed.interrupts += 1
+        assert world.request(InterruptRequest("a0", None, None))
+    elif kind == "close_chat":
+        owed.closes += 1
+        assert world.request(CloseChatRequest("a0", None))
+    else:
+        world.feed(Shutdown())
+
+
+@pytest.mark.parametrize("kind", ["cancel", "interrupt", "close_chat", "shutdown"])
+@pytest.mark.parametrize("deadline_first", [False, True])
+def test_when_a_stop_and_the_hard_deadline_meet_the_first_decides_the_result(
+    kind: str, deadline_first: bool
+) -> None:
+    """docs/protocol.md, "Hard deadline": a stop taken before `kill_after_ms` passed ends the
+    call as that stop says (the deadline then finds the group stopping and changes nothing);
+    a stop that comes during the deadline's grace finds the outcome fixed: `timed_out` with
+    9.10's text, and a cancel's reply carries that same result (seeds 60051 and 62683 of
+    `interactive` played the first order)."""
+    world = World(journal_keeps_results=False)
+    world.request(CallRequest("a0", CallSpec("k1", "execute", CALLS["hard"][1]), True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: the command spawns
+    assert ("k1", "kill_after") in world.timers
+    if deadline_first:
+        world.fire(("k1", "kill_after"))
+        assert world.procs["k1"].stopping == "term"
+        _stop(world, kind)
+    else:
+        _stop(world, kind)
+        assert world.procs["k1"].stopping == "term"
+        world.fire(("k1", "kill_after"))
+    world.quiesce()
+    world.check_all_answered()
+    result = world.committed["k1"].result
+    assert result is not None
+    if deadline_first:
+        assert result.outcome is Outcome.TIMED_OUT and result.timed_out
+        assert result.text == text_killed_after(5000)
+    else:
+        assert result.outcome is Outcome.CANCELED and result.canceled and not result.timed_out
+        assert result.text == (TEXT_SHUTDOWN if kind == "shutdown" else TEXT_CANCELED_WHILE_RUNNING)
