@@ -217,6 +217,9 @@ class GroupState:
     # Spent, but a member that writes elsewhere may live on: the shell watches the group until
     # it is empty (`WatchGroup`), and a close or a shutdown stops it meanwhile.
     watched: bool = False
+    # A close or a shutdown is stopping what is left of this spent group ("linger"): if the
+    # shell finds it empty, nothing of it is left to wait for, not even its hard deadline.
+    lingering: bool = False
 
     @property
     def spent(self) -> bool:
@@ -1162,6 +1165,7 @@ class ChatState:
         group.stopping = "term"
         if reason == "cancel":
             group.canceled = True
+        group.lingering = reason == "linger"
         self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited, reason))
 
     def _on_already_exited(self, event: AlreadyExited) -> None:
@@ -1169,9 +1173,15 @@ class ChatState:
         (only a run that was still going is "canceled")."""
         group = self.groups.get(event.call_id)
         if group is not None:
-            if group.watched:
-                # A close or a shutdown found the watched group empty: nothing to stop.
+            if group.watched or group.lingering:
+                # A close or a shutdown found the spent group empty: nothing to stop, and the
+                # group is gone. Also when its hard deadline is still ahead (a spent group is
+                # kept unwatched for it): the close's or shutdown's reply waits for the groups
+                # it stopped, and must not wait for a deadline that can be hours away and
+                # would find the group empty too (9.2, 9.3, 9.6).
                 del self.groups[event.call_id]
+                if group.kill_after_ms is not None:
+                    self._emit(CancelTimer((event.call_id, "kill_after")))
                 return
             if group.killed_after:
                 # Its hard deadline found no member alive: nothing was stopped (9.2).

@@ -289,6 +289,47 @@ def test_the_group_gets_its_grace_after_the_shell_exits() -> None:
     assert result is not None and result.outcome is Outcome.CANCELED and result.canceled
 
 
+class _StopWorld(World):
+    """Counts the ends of the chat's part of a shutdown."""
+
+    shutdowns_done = 0
+
+    def shutdown_done(self) -> None:
+        self.shutdowns_done += 1
+
+
+@pytest.mark.parametrize("stop", ["close_chat", "shutdown"])
+def test_a_stop_does_not_wait_for_the_hard_deadline_of_a_command_that_ended(stop: str) -> None:
+    """9.6 and 9.3 with 9.2: a command that exited on its own with its `kill_after_ms` still
+    ahead leaves an empty group, kept (unwatched) for that deadline. A close or a shutdown
+    finds nothing of it to stop: `chat_closed` (or the end of the shutdown) comes at once, not
+    when the deadline, which can be hours away, fires (`toolwire sim --scenario interactive
+    --mode agent`, seeds 62169 and 62459: the session ended with the chat_closed still owed)."""
+    world = _StopWorld(journal_keeps_results=False)
+    world.request(CallRequest("a0", CallSpec("k1", "execute", CALLS["hard"][1]), True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: the command spawns
+    world.advance_process("k1")  # it exits ...
+    world.advance_process("k1")  # ... is reaped, and its output pipe closes: the group is spent
+    world.commit(len(world.pending_writes))  # its result is durable and sent
+    assert world.owed["a0"].results["k1"] == 1
+    assert ("k1", "kill_after") in world.timers, "the hard deadline is still ahead"
+    if stop == "close_chat":
+        world.owed["a0"].closes += 1
+        world.request(CloseChatRequest("a0", "r"))
+    else:
+        world.request(Shutdown())
+    world.commit(len(world.pending_writes))  # the close row is durable (a shutdown has none)
+    # Nothing else happens: no process moves, no timer fires.
+    if stop == "close_chat":
+        assert world.owed["a0"].closed == 1, "chat_closed waits for the hard deadline"
+    else:
+        assert world.shutdowns_done == 1, "the shutdown waits for the hard deadline"
+    assert "k1" not in world.state.groups
+    assert ("k1", "kill_after") not in world.timers, "a deadline for a group that is gone"
+    world.quiesce()
+    world.check_all_answered()
+
+
 def test_a_read_that_ends_at_once_sends_its_accepted_with_its_durable_result() -> None:
     """With a journal, `read_file` waits only for its result's commit: its `accepted` goes
     out with the result (one write for the client), but never after the reply to a later
