@@ -340,9 +340,10 @@ class OutputBuffer:
         may be < 4), that one character is returned anyway, so the reader always progresses.
 
         `final_at`: the offset where the call ended (its Result's `output_bytes`) although the
-        buffer may stay open (a timed-out command runs on; followers may still lag): a range
-        ending there is read as final, so an incomplete character at the end is U+FFFD at its
-        offset and output stitched by offset reaches `output_bytes` (PROTOCOL.md 9.9).
+        buffer may stay open (a timed-out command runs on; followers may still lag): a read
+        never holds back bytes before it, so a character cut there and not completed by what
+        the command appended since is U+FFFD at its offset, and output stitched by offset
+        reaches `output_bytes` (PROTOCOL.md 9.9). One completed since reads whole.
         """
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
@@ -368,6 +369,12 @@ class OutputBuffer:
         if not (range_final and end == range_end):
             # Only the last few bytes can hold an incomplete character: look at those alone.
             used -= _incomplete_tail(self._slice(max(start, end - _MAX_CONTINUATION), end))
+            if final_at is not None and start + used < final_at <= end:
+                # The call ended inside the character held back, and the command ran on and
+                # appended part (not all) of the rest: the call's output still ends at
+                # `final_at`, so that character is final there (U+FFFD, as in the Result's
+                # `output`). Holding it back would leave the follower short of `output_bytes`.
+                used = final_at - start
         if used == 0:
             if end == range_end:
                 return None  # only an incomplete character, held back until it completes

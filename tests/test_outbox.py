@@ -68,3 +68,36 @@ def test_a_result_brings_all_output_before_it_whatever_the_budget() -> None:
         events += outbox.take(32)
     assert output_bytes(events) == MIB
     assert isinstance(events[-1], ResultEvent)
+
+
+def timed_out_result(output_bytes: int) -> Result:
+    return Result(
+        tool="execute",
+        outcome=Outcome.TIMED_OUT,
+        text="",
+        data=None,
+        output="",
+        output_bytes=output_bytes,
+        truncated_bytes=0,
+        timed_out=True,
+        canceled=False,
+        started_at=None,
+        finished_at=None,
+        wall_ms=None,
+    )
+
+
+def test_a_result_brings_output_up_to_its_output_bytes_though_the_command_ran_on() -> None:
+    """A follower whose cursor waits before a character that the call's timeout cut, taken
+    after the command (which runs on) appended more of that character but not all of it:
+    the output it gets before the `result` still reaches the result's `output_bytes`
+    (PROTOCOL.md 5.0 and 9.9; seeds 61075 and 62718 of the crashes scenario)."""
+    outbox = Outbox("t")
+    sub = follower(outbox, "slow", b"@t7@ 0 \xf0")
+    assert outbox.take() == [OutputEvent("c", "slow", 0, "@t7@ 0 ")]  # the lead byte waits
+    assert sub.buffer is not None
+    outbox.put_result(sub, ResultEvent("c", "slow", timed_out_result(8)))
+    sub.buffer.append(b"\x9f\x99")  # after the timeout, before the sender takes the result
+    events = outbox.take()
+    assert events[:-1] == [OutputEvent("c", "slow", 7, "\ufffd")]
+    assert isinstance(events[-1], ResultEvent)

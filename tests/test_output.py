@@ -573,3 +573,24 @@ def test_an_incomplete_character_where_the_call_ended_is_final_there() -> None:
     assert buffer.read(0, final_at=3) == Chunk(0, "ab\ufffd", 3)
     buffer.append(b"\x82\xac")  # the command went on and completed it: the bytes decide
     assert buffer.read(2, final_at=3) == Chunk(2, "\u20ac", 5)
+
+
+def test_a_character_cut_where_the_call_ended_is_final_there_though_more_of_it_came() -> None:
+    """A timed-out command runs on and appends part, not all, of the rest of the character its
+    call's end cut (`sim-run` of seeds 61075 and 62718 of the crashes scenario: 1 of the 4 bytes
+    of U+1F642 at `output_bytes`, 3 when the follower read). The call's output still ends at
+    `final_at`: the character is U+FFFD there, so stitched output reaches `output_bytes`;
+    holding it back (more bytes could still complete it) left the follower one byte short."""
+    buffer = OutputBuffer()
+    buffer.append(b"@ 0 \xf0")  # the call timed out here: output_bytes = 5
+    buffer.append(b"\x9f\x99")  # the command ran on; the character is still incomplete
+    assert buffer.read(4, final_at=5) == Chunk(4, "\ufffd", 5)
+    assert buffer.read(0, final_at=5) == Chunk(0, "@ 0 \ufffd", 5)
+    assert buffer.read(0, 3, final_at=5) == Chunk(0, "@ 0", 3)  # a smaller read stops before
+    # Past the end of the call nothing is final yet: the rest of the cut character is skipped
+    # and the character held back, as for any open buffer.
+    assert buffer.read(5, final_at=5) is None
+    assert buffer.read(4) is None
+    buffer.append(b"\x82!")  # completed later: a plain read sees it whole
+    assert buffer.read(4) == Chunk(4, "\U0001f642!", 9)
+    assert buffer.read(5, final_at=5) == Chunk(8, "!", 9)
