@@ -256,24 +256,26 @@ async def test_a_call_the_journal_cannot_store_ends_not_run_and_nothing_waits_on
     the agent-failure text of 9.10 when its effect cannot have started; the request that got
     `accepted` gets no `error`, and repeats, attaches, cancels and interrupts all get replies.
 
-    The wire refuses the values that used to reach the SQLite journal's encoder (an integer of
-    2**70 in args), so the request is applied through the agent's own API, behind the decoder,
-    on a real server whose other requests come over the wire. (It used to raise out of the
-    request after `accepted`, the server answered `error{internal}` too, the record stayed
-    running forever, and later attaches, cancels and interrupts hung.)"""
+    The wire refuses the values that reach the SQLite journal's encoder and fail there (an
+    integer of 2**70, here as the `timeout_ms` every row of a call holds: a row keeps the args
+    only while the call awaits approval), so the request is applied through the agent's own
+    API, behind the decoder, on a real server whose other requests come over the wire. (It used
+    to raise out of the request after `accepted`, the server answered `error{internal}` too,
+    the record stayed running forever, and later attaches, cancels and interrupts hung.)"""
     server = await make_server(journal=SqliteJournal(tmp_path / "state" / "journal.sqlite3"))
     marker = server.workspace / "marker"
-    args = {"command": f"echo ran >> {marker}", "z": 2**70}
+    args = {"command": f"echo ran >> {marker}"}
+    unstorable = 2**70
     outbox = Outbox("in-process")
     with trio.fail_after(TEST_DEADLINE_S):
         if how == "turn":
-            spec = CallSpec("k", "execute", args)
+            spec = CallSpec("k", "execute", args, timeout_ms=unstorable)
             server.agent.turn(outbox, "c", "t", [spec], stream=True, rid=1)
             got = await _events_until(
                 outbox, lambda got: any(isinstance(e, TurnResultEvent) for e in got)
             )
         else:
-            spec = CallSpec("k", "execute", args, approval=how == "gated")
+            spec = CallSpec("k", "execute", args, timeout_ms=unstorable, approval=how == "gated")
             server.agent.call(outbox, "c", spec, stream=True, rid=1)
             got = await _events_until(
                 outbox, lambda got: any(isinstance(e, ResultEvent) for e in got)
