@@ -45,46 +45,32 @@ def test_one_take_holds_about_take_output_bytes_and_the_rest_follows_in_order() 
         assert all(len(e.data) <= OUTPUT_CHUNK_BYTES for e in mine)
 
 
-def test_a_result_brings_all_output_before_it_whatever_the_budget() -> None:
-    outbox = Outbox("t")
-    sub = follower(outbox, "big", b"x" * MIB)
-    result = Result(
-        tool="execute",
-        outcome=Outcome.COMPLETED,
-        text="",
-        data=None,
-        output="",
-        output_bytes=MIB,
-        truncated_bytes=0,
-        timed_out=False,
-        canceled=False,
-        started_at=None,
-        finished_at=None,
-        wall_ms=None,
-    )
-    outbox.put_result(sub, ResultEvent("c", "big", result))
-    events: list[object] = []
-    while len(outbox):
-        events += outbox.take(32)
-    assert output_bytes(events) == MIB
-    assert isinstance(events[-1], ResultEvent)
-
-
-def timed_out_result(output_bytes: int) -> Result:
+def execute_result(output_bytes: int, *, timed_out: bool = False) -> Result:
     return Result(
         tool="execute",
-        outcome=Outcome.TIMED_OUT,
+        outcome=Outcome.TIMED_OUT if timed_out else Outcome.COMPLETED,
         text="",
         data=None,
         output="",
         output_bytes=output_bytes,
         truncated_bytes=0,
-        timed_out=True,
+        timed_out=timed_out,
         canceled=False,
         started_at=None,
         finished_at=None,
         wall_ms=None,
     )
+
+
+def test_a_result_brings_all_output_before_it_whatever_the_budget() -> None:
+    outbox = Outbox("t")
+    sub = follower(outbox, "big", b"x" * MIB)
+    outbox.put_result(sub, ResultEvent("c", "big", execute_result(MIB)))
+    events: list[object] = []
+    while len(outbox):
+        events += outbox.take(32)
+    assert output_bytes(events) == MIB
+    assert isinstance(events[-1], ResultEvent)
 
 
 def test_a_result_brings_output_up_to_its_output_bytes_though_the_command_ran_on() -> None:
@@ -96,7 +82,7 @@ def test_a_result_brings_output_up_to_its_output_bytes_though_the_command_ran_on
     sub = follower(outbox, "slow", b"@t7@ 0 \xf0")
     assert outbox.take() == [OutputEvent("c", "slow", 0, "@t7@ 0 ")]  # the lead byte waits
     assert sub.buffer is not None
-    outbox.put_result(sub, ResultEvent("c", "slow", timed_out_result(8)))
+    outbox.put_result(sub, ResultEvent("c", "slow", execute_result(8, timed_out=True)))
     sub.buffer.append(b"\x9f\x99")  # after the timeout, before the sender takes the result
     events = outbox.take()
     assert events[:-1] == [OutputEvent("c", "slow", 7, "\ufffd")]
