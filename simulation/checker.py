@@ -561,7 +561,7 @@ class Checker:
                     f"c{conn} {chat_label(ck[1])}/{short(ck[2])}: {accepted[ck]} accepted "
                     f"requests, {results_rx[ck]} results",
                 )
-        self._requests_counts(accepted_events, naming, restored, errored, conn_gen)
+        self._requests_counts(accepted_events, naming, restored, errored, refused, conn_gen)
         # turn_result per turn request
         per_turn: Counter[tuple[int, str, str]] = Counter()
         for _, conn, treq in turn_reqs:
@@ -981,11 +981,14 @@ class Checker:
         naming: dict[tuple[int, str, str], list[tuple[int, int, int, bool]]],
         restored: set[tuple[int, str, str]],
         errored: set[int],
+        refused: set[int],
         conn_gen: dict[int, int],
     ) -> None:
         """`accepted.requests` counts the call/turn/attach requests that named the call, this
         one included (PROTOCOL.md 4). Checked within one agent generation, for records that
-        generation created (the journal does not keep the count across a restart)."""
+        generation created (the journal does not keep the count across a restart). A request
+        the agent refused changed nothing, so it does not count, also when its `error` never
+        reached the client (a connection stalled, then dropped)."""
         seen: Counter[tuple[int, int | None, str, str]] = Counter()
         for idx, conn, ev in accepted_events:
             rid = ev.rid if isinstance(ev.rid, int) else None
@@ -993,7 +996,7 @@ class Checker:
             gk = (g, ev.chat_id, ev.call_id)
             if gk in restored:
                 continue
-            reqs = [r for r in naming.get(gk, []) if r[2] not in errored]
+            reqs = [r for r in naming.get(gk, []) if r[2] not in errored and r[0] not in refused]
             k = seen[(conn, rid, ev.chat_id, ev.call_id)]
             seen[(conn, rid, ev.chat_id, ev.call_id)] += 1
             mine = [r for r in reqs if r[1] == conn and (r[2] == rid if rid is not None else r[3])]

@@ -14,6 +14,7 @@ import re
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -29,6 +30,7 @@ from toolwire.actors.journal import JournalRow
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Result
 from toolwire.cli.main import main as toolwire
+from toolwire.simulation.checker import check
 from toolwire.simulation.journal import SimJournal
 from toolwire.simulation.modes import mode_for, run_pure_seed
 from toolwire.simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
@@ -36,7 +38,16 @@ from toolwire.simulation.planted import PLANTED
 from toolwire.simulation.processes import Member, Script, SimBackend, SimProcess
 from toolwire.simulation.runner import SeedResult, run_world
 from toolwire.simulation.scenario import SCENARIOS, make_plan, scenario_for
-from toolwire.simulation.trace import short
+from toolwire.simulation.trace import (
+    EV,
+    OPEN,
+    REJECT,
+    REQ,
+    AttachReq,
+    CallReq,
+    CancelReq,
+    short,
+)
 
 # Codes of runtime bugs the simulator found and the runtime's owner has not fixed yet: each needs
 # a strict xfail reproduction below; the clean-run tests tolerate exactly these codes meanwhile.
@@ -478,6 +489,40 @@ def test_an_interactive_start_is_gated_when_the_policy_names_execute() -> None:
                         assert call.gated == ("execute" in plan.approve_tools)
                         seen += call.gated
     assert seen > 0
+
+
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_refused_call_does_not_count_in_the_requests_of_the_id_it_named(
+    tmp_path: Path, refused: bool
+) -> None:
+    """Seed 100034 of `retries`: a call refused as bad_args, whose `error` never reached its
+    stalled and then dropped connection, then a cancel naming its id (a tombstone: canceled
+    before it ran), then an attach from another connection, answered `requests=1`. The checker
+    counted the refused call as a request naming the record (b.requests_count); the agent's
+    refusal is in the trace (REJECT). Without that refusal the same count is still wrong."""
+    spec = CallSpec("k", "execute", {"command": "sim-run @t53@"}, timeout_ms=1000)
+    entries: list[tuple[Any, ...]] = [
+        (OPEN, 0.0, 1, 0),
+        (REQ, 0.0, 0, 1, CallReq("c", 30, spec, stream=False)),
+    ]
+    if refused:
+        entries.append((REJECT, 0.0, 0, 1, "bad_args"))
+    entries += [
+        (REQ, 0.001, 0, 1, CancelReq("c", 33, ("k",))),
+        (OPEN, 1.0, 2, 1),
+        (REQ, 1.0, 0, 2, AttachReq("c", 40, "k")),
+        (EV, 1.0, 2, AcceptedEvent("c", "k", replay=True, state="done", requests=1, rid=40)),
+    ]
+    found = check(
+        entries,
+        calls={},
+        processes={},
+        workspace=str(tmp_path),
+        approval_timeout_s=None,
+        end_time=5.0,
+        stuck=[],
+    )
+    assert ("b.requests_count" in {v.code for v in found}) is not refused
 
 
 # ---------------------------------------------------------------------------------------------
