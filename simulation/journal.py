@@ -62,7 +62,10 @@ class SimJournal(Journal):
     def _queue(self, op: str, payload: JournalRow | tuple[str, str, int]) -> int:
         self._queued_seq += 1
         if self._fenced:
+            # Counted as lost here, once: the next agent's stop must not count it again (it
+            # was never that agent's write).
             self.lost_writes += 1
+            self._counted_seq = self._queued_seq
             return self._queued_seq
         self._ops.append((self._queued_seq, op, payload))
         self._wakeup.set()

@@ -447,6 +447,29 @@ def test_the_sim_journal_keeps_commits_and_loses_the_rest_on_a_crash() -> None:
     assert [r.call_id for r in journal.load()] == ["a", "c"]
 
 
+def test_a_dead_agents_late_write_is_counted_lost_once_not_by_the_next_agent() -> None:
+    """Seed 112438 of `interactive`: a task of a crashed agent queued a write before the next
+    agent's writer started (fenced, so dropped and counted lost then); the next agent, shut
+    down without a write of its own, was charged with it (s.journal_lost)."""
+    journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
+    row = JournalRow(chat_id="c", call_id="z", state="running", tool="execute", fingerprint=b"f")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            nursery.cancel_scope.cancel()
+        assert journal.crash() == 0
+        journal.write(row)  # the dead agent's task, up to its next checkpoint
+        assert journal.lost_writes == 1
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)  # the next agent: writes nothing, then stops
+            nursery.cancel_scope.cancel()
+        assert journal.crash() == 0  # nothing of its own was lost
+        assert journal.lost_writes == 1
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_an_agent_after_one_that_died_with_a_write_queued_stops_gracefully(
     tmp_path: Path,
 ) -> None:
