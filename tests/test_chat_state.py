@@ -313,11 +313,7 @@ def test_a_stop_does_not_wait_for_the_hard_deadline_of_a_command_that_ended(stop
     world.commit(len(world.pending_writes))  # its result is durable and sent
     assert world.owed["a0"].results["k1"] == 1
     assert ("k1", "kill_after") in world.timers, "the hard deadline is still ahead"
-    if stop == "close_chat":
-        world.owed["a0"].closes += 1
-        world.request(CloseChatRequest("a0", "r"))
-    else:
-        world.request(Shutdown())
+    _stop(world, stop)
     world.commit(len(world.pending_writes))  # the close row is durable (a shutdown has none)
     # Nothing else happens: no process moves, no timer fires.
     if stop == "close_chat":

@@ -422,25 +422,26 @@ def test_hypothesis_shrinks_a_planted_bug_to_a_minimal_program() -> None:
 # The simulated journal
 
 
+def _running_row(call_id: str) -> JournalRow:
+    return JournalRow(chat_id="c", call_id=call_id, state="running", tool="execute",
+                      fingerprint=b"f")  # fmt: skip
+
+
 def test_the_sim_journal_keeps_commits_and_loses_the_rest_on_a_crash() -> None:
     journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
-
-    def row(call_id: str) -> JournalRow:
-        return JournalRow(chat_id="c", call_id=call_id, state="running", tool="execute",
-                          fingerprint=b"f")  # fmt: skip
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
-            seq = journal.write(row("a"))
+            seq = journal.write(_running_row("a"))
             await journal.wait_durable(seq)
-            journal.write(row("b"))  # still queued when the agent dies
+            journal.write(_running_row("b"))  # still queued when the agent dies
             nursery.cancel_scope.cancel()
         assert journal.crash() == 1
-        journal.write(row("zombie"))  # a dead agent's task: dropped
+        journal.write(_running_row("zombie"))  # a dead agent's task: dropped
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
-            await journal.wait_durable(journal.write(row("c")))
+            await journal.wait_durable(journal.write(_running_row("c")))
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -452,7 +453,7 @@ def test_a_dead_agents_late_write_is_counted_lost_once_not_by_the_next_agent() -
     agent's writer started (fenced, so dropped and counted lost then); the next agent, shut
     down without a write of its own, was charged with it (s.journal_lost)."""
     journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
-    row = JournalRow(chat_id="c", call_id="z", state="running", tool="execute", fingerprint=b"f")
+    row = _running_row("z")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -478,8 +479,7 @@ def test_an_agent_after_one_that_died_with_a_write_queued_stops_gracefully(
     still counted but which can never be durable. Recovery and shutdown now wait only for the
     writes of their own agent."""
     journal = SimJournal(random.Random(1), delay_s=(0.01, 0.01))
-    lost = JournalRow(chat_id="c", call_id="lost", state="running", tool="execute",
-                      fingerprint=b"f")  # fmt: skip
+    lost = _running_row("lost")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
