@@ -1,7 +1,7 @@
 """toolwire: a tool-call runtime for AI coding agents.
 
 The repository keeps the design card's top-level folders (`actors/`, `transport/`, `cli/`,
-`simulation/`, `benchmarks/`); the build maps each into this one import package, so an install
+`simulation/`, `benchmarks/`), and this package's subpackages are symlinks to them, so an install
 adds a single top-level name: `toolwire.actors`, `toolwire.transport`, and so on. What a chat
 server needs is re-exported here.
 """

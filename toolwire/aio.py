@@ -5,6 +5,8 @@ client's, re-exported here for convenience."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from toolwire.transport.client import (
     CallEvent,
     CallHandle,
@@ -17,6 +19,16 @@ from toolwire.transport.client import (
     ToolwireClientError,
     TurnHandle,
 )
+
+# `pip install toolwire` does not bring websockets: say which extra does, rather than let the
+# import below fail naming a library the user never asked for.
+if importlib.util.find_spec("websockets") is None:
+    raise ModuleNotFoundError(
+        "toolwire.aio runs on the websockets library, which is not installed: "
+        "pip install 'toolwire[asyncio]' (or '.[asyncio]' in a checkout)",
+        name="websockets",
+    )
+
 from toolwire.transport.client.aio import Client, connect
 
 __all__ = [
