@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import trio.testing
 import trio_websocket
 from trio_websocket import WebSocketConnection
 
@@ -15,8 +16,13 @@ from toolwire.transport import ws_private
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _stream() -> trio.abc.Stream:
+    stream, _ = trio.testing.memory_stream_pair()
+    return stream
+
+
 def test_the_installed_trio_websocket_has_every_private_name_we_use() -> None:
-    problems = ws_private.check_private_surface()
+    problems = ws_private.check_private_surface(_stream())
     assert not problems, (
         f"trio-websocket {trio_websocket.__version__} changed private names that "
         "transport/ws_private.py relies on:\n" + "\n".join(problems)
@@ -39,7 +45,7 @@ def test_a_dropped_or_changed_name_is_reported_by_name() -> None:
                 raise AttributeError(name)
             return super().__getattribute__(name)
 
-    problems = ws_private.check_private_surface(Changed)
+    problems = ws_private.check_private_surface(_stream(), Changed)
     assert len(problems) == 2, problems
     assert problems[0].startswith("trio_websocket.WebSocketConnection._send: parameters")
     assert problems[1].startswith("trio_websocket.WebSocketConnection._stream_lock: no such")
@@ -57,3 +63,19 @@ def test_no_other_module_uses_a_private_name_of_trio_websocket() -> None:
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_serving_imports_no_test_helpers() -> None:
+    # A test hook never shapes production code (DESIGN.md): the server's import chain must not
+    # load trio.testing (it did, for the check above).
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, toolwire.cli.serve, toolwire.transport.server; "
+        "print('trio.testing' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False", done.stderr

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-import trio.testing
 from trio_websocket import CloseReason, WebSocketConnection, WebSocketRequest
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
@@ -87,12 +86,14 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
 
 
 def check_private_surface(
+    stream: trio.abc.Stream,
     connection_class: type[WebSocketConnection] = WebSocketConnection,
 ) -> list[str]:
     """What of `PRIVATE_SURFACE` the installed trio-websocket lacks or has changed, one line
-    per problem naming the name (empty when everything matches)."""
+    per problem naming the name (empty when everything matches). `stream` is what a new
+    connection is made on to look at its attributes (nothing is sent on it): a parameter, so
+    that `toolwire serve` never imports `trio.testing` for a check only the tests run."""
     problems: list[str] = []
-    stream, _ = trio.testing.memory_stream_pair()
     connection = connection_class(stream, WSConnection(ConnectionType.SERVER))
     for private in PRIVATE_SURFACE:
         where = f"trio_websocket.WebSocketConnection.{private.name}"
