@@ -754,20 +754,6 @@ async def terminate(record: ProcessRecord, grace_s: float) -> None:
     record.stopped.set()
 
 
-async def stop_past_deadline(record: ProcessRecord, grace_s: float) -> bool:
-    """A command's hard deadline (`kill_after_ms`, PROTOCOL.md 9.2) has passed: when any member
-    of its process group is still alive (the shell, or what it left running in the background),
-    mark the process timed out (`process_output` then shows `timed_out: true`) and stop the
-    group as a cancel does: SIGTERM, `grace_s`, SIGKILL, until it is empty. Returns False (and
-    changes nothing) when the group was already empty."""
-    if not record.handle.group_alive():
-        return False
-    record.timed_out = True
-    record.notify()
-    await terminate(record, grace_s)
-    return True
-
-
 async def wait_until_group_empty(
     record: ProcessRecord, timeout_s: float = math.inf, *, max_delay_s: float = GROUP_POLL_MAX_S
 ) -> bool:

@@ -88,9 +88,3 @@ def stdin_for(args: ExecuteArgs) -> bool:
 def terminal_for(args: ExecuteArgs) -> TerminalSize | None:
     """The size of the command's terminal, or None without `pty`."""
     return None if args.pty is None else TerminalSize(args.pty.rows, args.pty.cols)
-
-
-def kill_after_s(args: ExecuteArgs) -> float | None:
-    """The hard deadline (PROTOCOL.md 9.2) in seconds after the FIRST start, or None (absent or
-    0, as `timeout_ms` 0 is no deadline)."""
-    return args.kill_after_ms / 1000 if args.kill_after_ms else None
