@@ -671,6 +671,19 @@ class ChatState:
         follower.stream = follower.stream or stream
         return follower
 
+    @staticmethod
+    def _streaming(call: CallState, *, resolved: bool = False) -> tuple[Conn, ...]:
+        """The connections a streamed event of `call` goes to: each follower that streams
+        (with `resolved`: or gets `approval_resolved` without streaming, a turn's calls) and has
+        not detached. A follower streams from the Follow of the request that asked for it, whose
+        `accepted` that Follow sends first: so the event never comes ahead of that `accepted`."""
+        return tuple(
+            conn
+            for conn, follower in call.followers.items()
+            if not follower.detached
+            and (follower.stream or (resolved and follower.resolved_events))
+        )
+
     def _follow(
         self,
         conn: Conn,
@@ -729,7 +742,9 @@ class ChatState:
                 events,
                 FollowMode.LIVE,
                 from_offset or 0,
-                call.started,
+                # After this request's `accepted`, and only to a connection that streams: a
+                # `stream: false` request never brings `started` (PROTOCOL.md 9.9).
+                call.started if follower.stream else None,
             )
         )
 
@@ -790,9 +805,8 @@ class ChatState:
         call.gate_open = False
         if self.config.approval_timeout_s is not None:
             self._emit(CancelTimer((record.call_id, "gate")))
-        self._emit(
-            Publish(record.call_id, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
-        )
+        resolved = ApprovalResolvedEvent(self.chat_id, record.call_id, decision)
+        self._emit(Publish(record.call_id, resolved, self._streaming(call, resolved=True)))
 
     def _answer(
         self, record: ToolCallRecord, approved: bool, reason: str | None, *, approver: Conn | None
@@ -1011,7 +1025,7 @@ class ChatState:
         call.started = StartedEvent(
             self.chat_id, record.call_id, record.started_at_ms or 0, event.pid
         )
-        self._emit(Publish(record.call_id, call.started))
+        self._emit(Publish(record.call_id, call.started, self._streaming(call)))
         if call.spec.background:
             self._finish(record, self._execute_result(record, event.snapshot, Outcome.COMPLETED))
             return

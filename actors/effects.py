@@ -356,10 +356,14 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """An event of a call to every connection following it."""
+    """An event of a call to the connections following it: those in `to`, or all of them
+    (None). ChatState names them for a streamed event (`started`, `approval_resolved`): only a
+    connection whose `accepted` of a request that brings the event was sent before, so nothing
+    a connection has not asked for yet comes ahead of that `accepted` (PROTOCOL.md 9.9)."""
 
     call_id: str
     event: Event
+    to: tuple[Conn, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

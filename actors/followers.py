@@ -104,8 +104,9 @@ class Followers:
         io = self._io.get(effect.call_id)
         if io is None:
             return
+        to = effect.to
         for sub in io.subs.values():
-            if sub.active and not sub.detached:
+            if sub.active and not sub.detached and (to is None or sub.outbox in to):
                 sub.outbox.put(effect.event, sub)
 
     def send_result(self, effect: SendResult) -> None:

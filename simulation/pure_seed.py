@@ -360,10 +360,14 @@ class SeedWorld(World):
         self._check_offset(effect.conn, effect.call_id, effect.from_offset)
 
     def publish(self, effect: Publish) -> None:
+        super().publish(effect)
+        to = effect.to
         for conn in sorted(self.followers.get(effect.call_id, ())):
-            self.sim.deliver(conn, effect.event)
+            if to is None or conn in to:
+                self.sim.deliver(conn, effect.event)
 
     def detach(self, effect: Detach) -> None:
+        super().detach(effect)
         if not effect.keep:
             self.followers.get(effect.call_id, set()).discard(effect.conn)
 

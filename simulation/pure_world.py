@@ -68,10 +68,12 @@ from toolwire.actors.effects import (
 )
 from toolwire.actors.events import (
     AcceptedEvent,
+    ApprovalResolvedEvent,
     CancelResultEvent,
     ChatClosedEvent,
     InterruptedEvent,
     ResultEvent,
+    StartedEvent,
     TurnPlanEvent,
     TurnResultEvent,
 )
@@ -204,6 +206,12 @@ class World:
         self.conns = self.conn_names()
         for conn in self.conns:
             self.owed[conn] = Owed()
+        # What the shell's follows hold, from the effects alone: who follows each call, and
+        # which (connection, call) has had the `accepted` of a request that streams (or that
+        # brings `approval_resolved`: a turn's calls) sent, so may get those events.
+        self.follows: dict[str, set[Any]] = {}
+        self.streams: set[tuple[Any, str]] = set()
+        self.resolved: set[tuple[Any, str]] = set()
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -292,6 +300,7 @@ class World:
                 self.reads.append(effect.call_ids)
             elif isinstance(effect, Forgotten):
                 self.life[effect.call_id] += 1
+                self.unfollow(effect.call_id)
             elif isinstance(effect, ShutdownDone):
                 self.shutdown_done()
             elif isinstance(effect, CallEnded | MarkTimedOut):
@@ -304,15 +313,57 @@ class World:
     def follow(self, effect: Follow) -> None:
         for event in effect.events:
             self.sent(effect.conn, event)
+        key = (effect.conn, effect.call_id)
+        self.follows.setdefault(effect.call_id, set()).add(effect.conn)
+        if effect.stream:
+            self.streams.add(key)
+        if effect.resolved_events:
+            self.resolved.add(key)
+        if effect.started is not None:
+            self.streamed(effect.conn, effect.call_id, effect.started)
 
     def replay(self, effect: SendReplay) -> None:
         pass
 
     def publish(self, effect: Publish) -> None:
-        pass
+        for conn in self.published_to(effect):
+            self.streamed(conn, effect.call_id, effect.event)
+
+    def published_to(self, effect: Publish) -> list[Any]:
+        """The connections the shell puts a published event to."""
+        if effect.to is not None:
+            return list(effect.to)
+        return sorted(self.follows.get(effect.call_id, ()))
 
     def detach(self, effect: Detach) -> None:
-        pass
+        key = (effect.conn, effect.call_id)
+        self.streams.discard(key)
+        self.resolved.discard(key)
+        if not effect.keep:
+            self.follows.get(effect.call_id, set()).discard(effect.conn)
+
+    def unfollow(self, call_id: str) -> None:
+        """The record is gone: its follows stop."""
+        for conn in self.follows.pop(call_id, ()):
+            self.streams.discard((conn, call_id))
+            self.resolved.discard((conn, call_id))
+
+    def streamed(self, conn: Any, call_id: str, event: Any) -> None:
+        """PROTOCOL.md 9.9: no event of a call reaches a connection before the `accepted` of a
+        request that makes the connection receive it; a `stream: false` request (of a call)
+        never brings `started` (nor `output`, which follows the same streams)."""
+        if isinstance(event, StartedEvent):
+            require(
+                (conn, call_id) in self.streams,
+                "b.event_before_accepted",
+                f"{call_id}: started to {conn}, which no request asked to stream it",
+            )
+        elif isinstance(event, ApprovalResolvedEvent):
+            require(
+                (conn, call_id) in self.streams or (conn, call_id) in self.resolved,
+                "b.event_before_accepted",
+                f"{call_id}: approval_resolved to {conn}, which no request asked for it",
+            )
 
     def shutdown_done(self) -> None:
         """The chat's part of a shutdown is over (the agent then makes the journal durable)."""

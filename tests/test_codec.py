@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from toolwire.transport import protocol
@@ -16,11 +16,13 @@ from toolwire.transport.bounds import (
     MAX_NESTING_DEPTH,
     MAX_WIRE_INT,
     MIN_WIRE_INT,
+    TOO_DEEP,
     BoundsError,
     check_bounds,
     may_exceed_bounds,
 )
 from toolwire.transport.codec import Codec, MessageError, choose_subprotocol
+from toolwire.transport.outline import ENVELOPE_FIELDS, outline
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
@@ -246,3 +248,165 @@ def test_frames_too_deep_for_any_recursive_decoder_are_refused_not_raised() -> N
     packed = msgspec.msgpack.encode({"type": "detach", "chat_id": "c", "call_id": "x", "z": "@"})
     with pytest.raises(MessageError, match="deeper than 64"):
         Codec("msgpack").decode(packed.replace(b"\xa1@", b"\x91" * 4999 + b"\x90"))
+
+
+# Issue 26, defect 3: a message nested deeper than msgspec's recursive decoder goes (about 1,000
+# levels) still gets its `rid`, `chat_id` and `call_id` echoed, and the path where it first nests
+# too deep, read by transport/outline.py without recursion.
+
+_names = st.text(max_size=5).filter(lambda key: key not in ENVELOPE_FIELDS)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(MIN_WIRE_INT, MAX_WIRE_INT)
+    | st.text(alphabet='0123456789{}[]ab",:\\', max_size=8)
+)
+# One level of the deep value: an array (with scalars before the next level, so the index in the
+# path is not always 0) or an object (with members before the next level's key).
+_steps = st.one_of(
+    st.tuples(st.none(), st.lists(_scalars, max_size=2)),
+    st.tuples(_names, st.dictionaries(_names, _scalars, max_size=2)),
+).filter(lambda step: step[0] is None or step[0] not in step[1])
+_rids = st.text(max_size=12) | st.integers(MIN_WIRE_INT, MAX_WIRE_INT)
+_members = st.dictionaries(_names, _scalars | st.lists(_scalars, max_size=2), max_size=3)
+
+
+def _encoded(value: Any, encoding: str) -> bytes:
+    return json.dumps(value).encode() if encoding == "json" else msgspec.msgpack.encode(value)
+
+
+def _deep_value(steps: list[tuple[Any, Any]], leaf: Any, encoding: str) -> bytes:
+    """The value the steps nest (outermost first), encoded by hand without recursion."""
+    opening, closing = [], []
+    for key, siblings in steps:
+        if encoding == "json":
+            if key is None:
+                opening.append(b"[" + b"".join(_encoded(v, "json") + b"," for v in siblings))
+                closing.append(b"]")
+            else:
+                members = b"".join(
+                    _encoded(k, "json") + b":" + _encoded(v, "json") + b","
+                    for k, v in siblings.items()
+                )
+                opening.append(b"{" + members + _encoded(key, "json") + b":")
+                closing.append(b"}")
+        elif key is None:
+            opening.append(
+                bytes([0x91 + len(siblings)]) + b"".join(map(msgspec.msgpack.encode, siblings))
+            )
+        else:
+            members = b"".join(
+                msgspec.msgpack.encode(k) + msgspec.msgpack.encode(v) for k, v in siblings.items()
+            )
+            opening.append(bytes([0x81 + len(siblings)]) + members + msgspec.msgpack.encode(key))
+    return b"".join(opening) + _encoded(leaf, encoding) + b"".join(reversed(closing))
+
+
+def _message(members: list[tuple[str, bytes]], encoding: str) -> str | bytes:
+    """An object of already encoded members, in this order."""
+    if encoding == "json":
+        return "{" + ",".join(json.dumps(k) + ":" + v.decode() for k, v in members) + "}"
+    assert len(members) < 16
+    return bytes([0x80 + len(members)]) + b"".join(
+        msgspec.msgpack.encode(k) + v for k, v in members
+    )
+
+
+def _step_path(steps: list[tuple[Any, Any]]) -> str:
+    return "".join(f"[{len(siblings)}]" if key is None else f".{key}" for key, siblings in steps)
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@settings(max_examples=150, deadline=None)
+@given(
+    rid=_rids,
+    before=_members,
+    after=_members,
+    pattern=st.lists(_steps, min_size=1, max_size=4),
+    levels=st.integers(MAX_NESTING_DEPTH, 3000),
+    leaf=_scalars,
+)
+@example(rid="v2b", before={}, after={}, pattern=[("a", {})], levels=1000, leaf=1)
+def test_any_top_level_rid_is_echoed_whatever_nesting_follows_it(
+    encoding: str,
+    rid: Any,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    pattern: list[tuple[Any, Any]],
+    levels: int,
+    leaf: Any,
+) -> None:
+    """The message itself is level 1 and its field `deep` level 2, so `levels` steps inside that
+    field nest 1 + `levels` deep: at least 64 is too deep. The error names the path of the first
+    level too deep and echoes `rid` (before the deep field) and `chat_id` (after it)."""
+    steps = (pattern * (levels // len(pattern) + 1))[:levels]
+    members = [("type", _encoded("attach", encoding)), ("rid", _encoded(rid, encoding))]
+    members += [(k, _encoded(v, encoding)) for k, v in before.items()]
+    members.append(("deep", _deep_value(steps, leaf, encoding)))
+    members += [(k, _encoded(v, encoding)) for k, v in after.items() if k != "deep"]
+    members.append(("chat_id", _encoded("c", encoding)))
+    with pytest.raises(MessageError) as info:
+        Codec(encoding).decode(_message(members, encoding))  # type: ignore[arg-type]
+    assert info.value.envelope == {"rid": rid, "chat_id": "c"}
+    where = "$.deep" + _step_path(steps[: MAX_NESTING_DEPTH - 1])
+    assert info.value.message == f"{TOO_DEEP} - at `{where}`"
+
+
+_in_range_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@settings(max_examples=300, deadline=None)
+@given(
+    envelope=st.dictionaries(
+        st.sampled_from(sorted(ENVELOPE_FIELDS)), _in_range_values, max_size=3
+    ),
+    value=_in_range_values,
+    extra_levels=st.integers(0, 200),
+)
+def test_the_outline_agrees_with_the_recursive_reference(
+    encoding: str, envelope: dict[str, Any], value: Any, extra_levels: int
+) -> None:
+    """Where msgspec can decode a frame, the iterative reader finds the same first level too deep
+    as check_bounds over the decoded value, and the same top-level fields."""
+    message = {"type": "detach", "future": _wrapped(value, extra_levels)} | envelope
+    frame = json.dumps(message) if encoding == "json" else msgspec.msgpack.encode(message)
+    try:
+        check_bounds(message)
+        expected = None
+    except BoundsError as exc:
+        expected = exc.path
+    found = outline(frame)
+    assert found.too_deep_at == expected
+    scalars = {k: v for k, v in envelope.items() if not isinstance(v, dict | list)}
+    assert found.fields == scalars
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@settings(max_examples=200, deadline=None)
+@given(rid=_rids, levels=st.integers(1, 300), data=st.data())
+def test_a_frame_cut_short_yields_only_what_it_holds(
+    encoding: str, rid: Any, levels: int, data: st.DataObject
+) -> None:
+    """Read up to where a frame breaks, the outline never raises and never reports a field the
+    whole frame does not hold with that value (a number cut short is not read as a shorter one)."""
+    message = {"rid": rid, "z": "@", "chat_id": "c"}
+    if encoding == "json":
+        frame: str | bytes = json.dumps(message).replace('"@"', "[" * levels + "]" * levels)
+    else:
+        frame = msgspec.msgpack.encode(message).replace(b"\xa1@", b"\x91" * (levels - 1) + b"\x90")
+    cut = data.draw(st.integers(0, len(frame)))
+    assert outline(frame).fields == {"rid": rid, "chat_id": "c"}
+    assert outline(frame[:cut]).fields.items() <= {"rid": rid, "chat_id": "c"}.items()
+
+
+@given(frame=st.text(alphabet='{}[]",: \\a0-e', max_size=60) | st.binary(max_size=60))
+def test_the_outline_of_any_frame_is_an_answer_not_an_exception(frame: str | bytes) -> None:
+    found = outline(frame)
+    assert isinstance(found.fields, dict)

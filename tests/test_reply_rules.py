@@ -320,3 +320,46 @@ async def test_execute_args_no_process_can_take_are_bad_args_up_front(live: Live
                 assert where in reply["message"] and reply["rid"] == i, reply
             await conn.send({"type": "attach", "chat_id": "c", "call_id": "k0"})
             assert (await conn.recv())["code"] == "unknown_call"
+
+
+@pytest.mark.parametrize("gated", [False, True])
+async def test_no_event_reaches_a_connection_before_the_accepted_that_brings_it(
+    live: LiveServer, gated: bool
+) -> None:
+    """Issue 26, defect 6 (PROTOCOL.md 9.9, 5.0): on one connection a `stream: false` call of a
+    call another connection made, then at once an `attach` of it. The `started` came after the
+    first `accepted` and before the attach's: while the only answered request on the connection
+    was one that brings no `started`. Gated, the connection answers the gate in between: it gets
+    its `approve`'s one reply, not also the `approval_resolved` its `stream: false` call does not
+    bring. Every streamed event of the call comes after the attach's `accepted`."""
+    with trio.fail_after(TEST_DEADLINE_S):
+        gate = live.workspace / "go"
+        command = f"while [ ! -e {gate} ]; do sleep 0.01; done; echo out"
+        spec = {"type": "call", "chat_id": "c", "call_id": "k", "tool": "execute",
+                "args": {"command": command}, "approval": gated}  # fmt: skip
+        async with live.connect() as first:
+            await first.send(spec | {"rid": 1})
+            await first.recv_until(wsclient.of("approval" if gated else "started", "k"))
+            requests: list[Message] = [spec | {"stream": False, "rid": "r173"}]
+            if gated:
+                requests.append({"type": "approve", "chat_id": "c", "call_id": "k",
+                                 "approved": True, "rid": 174})  # fmt: skip
+            requests.append({"type": "attach", "chat_id": "c", "call_id": "k", "rid": 175})
+            conn = await _burst(live, *requests)
+            try:
+                got = await _receive_until(conn, lambda got: ("accepted", 175) in _about(got, "k"))
+                gate.touch()
+                got = await _receive_until(
+                    conn, lambda got: [t for t, _ in _about(got, "k")].count("result") == 2
+                )
+            finally:
+                await conn.aclose()
+        about = _about(got, "k")
+        attached = about.index(("accepted", 175))
+        before = [kind for kind, _ in about[:attached]]
+        after = [kind for kind, _ in about[attached + 1 :]]
+        assert before == (
+            ["accepted", "approval", "approval_resolved"] if gated else ["accepted"]
+        ), about
+        assert after[0] == "started" and after.count("started") == 1 and "output" in after, about
+        assert after[-2:] == ["result", "result"], about

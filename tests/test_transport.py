@@ -434,6 +434,46 @@ def _encode_with_deep_field(message: dict[str, Any], levels: int, encoding: str)
     return packed.replace(b"\xa1@", b"\x91" * (levels - 1) + b"\x90")
 
 
+def _nested_objects(message: dict[str, Any], field: str, levels: int, encoding: str) -> str | bytes:
+    """`message` with `field` set to `levels` objects nested in each other ({"a": {"a": ...}}),
+    encoded by hand, in the place `field` takes in `message`."""
+    if encoding == "json":
+        nested = '{"a":' * levels + "1" + "}" * levels
+        return json.dumps(message | {field: "@"}).replace('"@"', nested)
+    nested_mp = b"\x81\xa1a" * levels + b"\x01"
+    return msgspec.msgpack.encode(message | {field: "@"}).replace(b"\xa1@", nested_mp)
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+@pytest.mark.parametrize("levels", [200, 1000, 100_000])
+async def test_a_message_too_deep_for_any_recursive_decoder_keeps_its_rid(
+    live: LiveServer, encoding: str, levels: int
+) -> None:
+    """Issue 26, defect 3: an `attach` whose unknown field `x` nests 1,000 objects got
+    `bad_message` without its `rid` (at 200 levels it had one), so a client matching replies by
+    `rid` waited forever. The `rid`, `chat_id` and `call_id` at level 1 are echoed whatever the
+    depth, with the path where the message first nests too deep; fields after the deep one count
+    too, and the connection goes on."""
+    head = {"type": "attach", "chat_id": "c", "call_id": "n1", "rid": "v2b"}
+    tail = {"type": "attach", "chat_id": "c", "rid": 11, "call_id": "n2"}
+    async with live.connect(encoding=encoding) as conn:
+        for message, rid in ((head, "v2b"), (tail, 11)):
+            field_last = message is head
+            order = message | {"x": "@"} if field_last else {"x": "@"} | message
+            frame = _nested_objects(order, "x", levels, encoding)
+            await conn.send_raw(frame)
+            reply = await conn.recv()
+            assert reply["type"] == "error" and reply["code"] == "bad_message", reply
+            assert reply.get("rid") == rid, reply
+            assert (reply.get("chat_id"), reply.get("call_id")) == ("c", message["call_id"])
+            assert reply["message"] == (
+                "objects and arrays nest deeper than 64 levels - at `$.x" + ".a" * 63 + "`"
+            )
+        await conn.send({"type": "attach", "chat_id": "c", "call_id": "n1", "rid": 12})
+        reply = await conn.recv()
+        assert (reply["type"], reply["code"], reply["rid"]) == ("error", "unknown_call", 12)
+
+
 @pytest.mark.parametrize("encoding", ["json", "msgpack"])
 async def test_values_out_of_bounds_anywhere_are_refused_and_the_agent_lives_on(
     live: LiveServer, encoding: str
@@ -456,7 +496,7 @@ async def test_values_out_of_bounds_anywhere_are_refused_and_the_agent_lives_on(
     cases: list[tuple[str | bytes, int | None, str]] = [
         (enc(call("k1", 1, args=deep_args)), 1, "$.args.z"),
         (_encode_with_deep_field(attach, 100, encoding), 2, "$.z"),
-        (_encode_with_deep_field(attach, 1000, encoding), None, "nest deeper than 64"),
+        (_encode_with_deep_field(attach, 1000, encoding), 2, "$.z" + "[0]" * 63),
         (
             enc({"type": "turn", "rid": 3, "chat_id": "c", "turn_id": "t",
                  "calls": [{"call_id": "k3", "tool": "execute", "args": deep_args}]}),

@@ -12,7 +12,8 @@ replies are awaited, and the checker below reads what each connection received:
 
 - one `accepted` or one `error` per `call`/`attach` request (matched by rid), never both, and
   one `result` per accepted request; a malformed message gets one `error` and nothing else;
-- per call and connection: no `output` or `result` before an `accepted`, no output when no
+- per call and connection: no `output` or `result` before an `accepted`, no `started` before
+  the `accepted` of a request that streams (not a `stream: false` one), no output when no
   request is open, none for a repeated `call` of an ended call; an `attach` of an ended call
   replays after its own `accepted`;
 - output offsets never jump ahead (no gaps), every byte matches what the command printed, and
@@ -519,6 +520,14 @@ class Checker:
                     allowed[key].append(0)
                 start = 0 if req is None or req.kind != "attach" else req.from_offset or 0
                 open_reqs[key].append(Open(mode, start))
+            elif kind == "started":
+                # 9.9: a request's `accepted` comes before anything it brings, and only a
+                # request that streams brings `started`.
+                if all(r.mode != "live" for r in open_reqs[key]):
+                    out.append(
+                        f"c{conn.index}: started of {key} before the accepted of any request "
+                        f"that streams it: {m}"
+                    )
             elif kind == "output":
                 reqs = open_reqs[key]
                 if not reqs:
@@ -711,6 +720,25 @@ class WireFuzz(RuleBasedStateMachine):
         self.call(conn, chat, call_id, False, False, True, False)
         self.steps.append(("pause", wait))
         self.call(conn, chat, call_id, False, False, True, False)
+        self.attach(conn, chat, call_id, from_offset)
+
+    @rule(
+        caller=conns,
+        conn=conns,
+        chat=chats,
+        call_id=call_ids,
+        wait=st.sampled_from([0.0, 0.06]),
+        from_offset=st.sampled_from(ATTACH_OFFSETS),
+    )
+    def call_then_quiet_call_and_attach(
+        self, caller: int, conn: int, chat: str, call_id: str, wait: float, from_offset: int
+    ) -> None:
+        """A call (on one connection), then on another (or the same) a `stream: false` call of
+        it and at once an attach: nothing streamed may come before the attach's `accepted`
+        (issue 26, defect 6)."""
+        self.call(caller, chat, call_id, False, False, True, False)
+        self.steps.append(("pause", wait))
+        self.call(conn, chat, call_id, False, False, False, False)
         self.attach(conn, chat, call_id, from_offset)
 
     @rule(conn=conns, chat=chats, ids=st.lists(call_ids, min_size=1, max_size=3, unique=True))

@@ -29,6 +29,7 @@ MAX_WIRE_INT: Final = 2**64 - 1
 # recursive walk of ours would hit first. JSON libraries pick similar bounds: Rust's serde_json
 # stops at 128, Go's encoding/json at 10,000, Python's json module at the recursion limit.
 MAX_NESTING_DEPTH: Final = 64
+TOO_DEEP: Final = f"objects and arrays nest deeper than {MAX_NESTING_DEPTH} levels"
 
 # An integer of at most 18 digits is below 10**18 < 2**63, so it is in range whatever its sign;
 # only a frame with a run of 19 or more digits can hold one that is not.
@@ -64,9 +65,7 @@ def check_bounds(value: Any, path: str = "$", depth: int = 1) -> None:
     generically decoded value (dicts, lists, scalars); `depth` is the level of `value`."""
     if isinstance(value, dict | list):
         if depth > MAX_NESTING_DEPTH:
-            raise BoundsError(
-                f"objects and arrays nest deeper than {MAX_NESTING_DEPTH} levels", path
-            )
+            raise BoundsError(TOO_DEEP, path)
         if isinstance(value, dict):
             for key, item in value.items():
                 check_bounds(item, f"{path}.{key}", depth + 1)

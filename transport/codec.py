@@ -13,13 +13,14 @@ import msgspec
 
 from toolwire.transport import protocol
 from toolwire.transport.bounds import (
-    MAX_NESTING_DEPTH,
     MAX_WIRE_INT,
     MIN_WIRE_INT,
+    TOO_DEEP,
     BoundsError,
     check_bounds,
     may_exceed_bounds,
 )
+from toolwire.transport.outline import outline
 
 SUBPROTOCOL_JSON: Final = "toolwire.v1.json"
 SUBPROTOCOL_MSGPACK: Final = "toolwire.v1.msgpack"
@@ -107,9 +108,14 @@ class Codec:
         except msgspec.DecodeError as exc:
             raise MessageError(str(exc), self._envelope(frame)) from None
         except RecursionError:
-            # msgspec's own decoder gives up near Python's recursion limit, far past ours.
+            # msgspec's own decoder gives up near Python's recursion limit, far past ours, and
+            # takes the top-level fields down with it: the iterative reader still finds them
+            # (the `rid` at level 1 of a frame 1,000 deep is echoed) and where it is too deep.
+            found = outline(frame)
+            where = found.too_deep_at
             raise MessageError(
-                f"objects and arrays nest deeper than {MAX_NESTING_DEPTH} levels", {}
+                str(BoundsError(TOO_DEEP, where)) if where is not None else TOO_DEEP,
+                _envelope_of(found.fields),
             ) from None
         if self._checks_bounds:
             where = protocol.bad_id_path(message)
@@ -133,8 +139,10 @@ class Codec:
                 env = self._json_envelope.decode(frame)
             else:
                 env = self._msgpack_envelope.decode(frame)
-        except (msgspec.DecodeError, RecursionError):
+        except msgspec.DecodeError:
             return {}
+        except RecursionError:  # a frame too deep for msgspec even to skip its unknown fields
+            return _envelope_of(outline(frame).fields)
         return _envelope_of({"rid": env.rid, "chat_id": env.chat_id, "call_id": env.call_id})
 
 
