@@ -39,12 +39,12 @@ def apply(state: ClientState, message: Any) -> None:
     elif isinstance(message, protocol.Accepted):
         if request is not None and request.handle is not None:
             del state.pending[request.rid]
-            request.handle._on_accepted(message, state.gen)
+            request.handle.feed_accepted(message, state.gen)
             request.finish()
         elif message.rid is None:  # a call of a turn: "as if sent as a call" (5.0)
             handle = state.handles.get((message.chat_id, message.call_id))
             if handle is not None:
-                handle._on_accepted(message, state.gen)
+                handle.feed_accepted(message, state.gen)
     elif isinstance(message, protocol.CancelResult):
         if request is not None and request.kind == "cancel":
             request.cancel_results[message.call_id] = message
@@ -54,14 +54,14 @@ def apply(state: ClientState, message: Any) -> None:
     elif isinstance(message, protocol.TurnPlan):
         turn = state.turns.get((message.chat_id, message.turn_id))
         if turn is not None:
-            turn._on_plan(message.segments)
+            turn.feed_plan(message.segments)
         if request is not None and request.kind == "turn":
             del state.pending[request.rid]
             request.finish()
     elif isinstance(message, protocol.TurnResult):
         ended = state.turns.pop((message.chat_id, message.turn_id), None)
         if ended is not None:
-            ended._on_results(message.results)
+            ended.feed_results(message.results)
     elif isinstance(message, protocol.Interrupted):
         if request is not None and request.kind == "interrupt":
             del state.pending[request.rid]
@@ -94,7 +94,7 @@ def _on_call_event(state: ClientState, message: Any) -> None:
     # earlier belongs to an earlier request for the same call (an ended handle).
     if handle is None or handle.live_gen != state.gen:
         return
-    handle._on_event(message)
+    handle.feed_event(message)
     if handle.done:
         del state.handles[key]
 
@@ -130,17 +130,17 @@ def _on_error(state: ClientState, message: protocol.Error, request: RequestState
         if not handle.was_accepted:
             if state.handles.get(key) is handle:
                 del state.handles[key]
-            handle._fail(error)
+            handle.feed_failure(error)
     if request.internal and request.handle is not None:
         # A re-attach failed (the agent no longer knows the call): the handle cannot end.
         key = (request.handle.chat_id, request.handle.call_id)
         if state.handles.get(key) is request.handle:
             del state.handles[key]
-        request.handle._fail(error)
+        request.handle.feed_failure(error)
     turn = request.turn
     if turn is not None and (turn.segments is None or request.internal):
         key = (turn.chat_id, turn.turn_id)
         if state.turns.get(key) is turn:
             del state.turns[key]
-        turn._fail(error)
+        turn.feed_failure(error)
     request.finish(error)
