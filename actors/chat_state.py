@@ -379,6 +379,12 @@ class ChatState:
     def running_process_count(self) -> int:
         return len(self._running_processes) + len(self._launching)
 
+    @property
+    def replies_waiting(self) -> int:
+        """Replies decided but held until what they report on is over (a cancel_result, an
+        interrupted, a chat_closed, the shutdown's end): a quiet chat holds none."""
+        return len(self._replies)
+
     def _emit(self, effect: Effect) -> None:
         self._out.append(effect)
 

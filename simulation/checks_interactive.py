@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from toolwire.actors import events
 from toolwire.actors.results import (
@@ -33,7 +33,8 @@ from toolwire.actors.results import (
     text_killed_after,
 )
 from toolwire.actors.terminal import DEFAULT_EOF_CHAR
-from toolwire.simulation.scenario import EPOCH_MS
+from toolwire.simulation.processes import SimProcess
+from toolwire.simulation.scenario import EPOCH_MS, CallPlan
 from toolwire.simulation.trace import (
     BOOT,
     CLOSE,
@@ -52,10 +53,38 @@ from toolwire.simulation.trace import (
     short,
 )
 
-if TYPE_CHECKING:
-    from toolwire.simulation.checker import Checker
-
 Key = tuple[str, str]
+
+
+class CheckedRun(Protocol):
+    """What these checks read of the run under check, and where they report: the `Checker` of
+    checker.py is one (it calls `check_interactive` with itself). Named here, not imported, so
+    that imports between the two modules point one way."""
+
+    @property
+    def entries(self) -> list[tuple[Any, ...]]:
+        """The trace (simulation/trace.py)."""
+
+    @property
+    def calls(self) -> dict[Key, CallPlan]:
+        """Each call's plan, by (chat_id, call_id)."""
+
+    @property
+    def processes(self) -> dict[Key, list[SimProcess]]:
+        """The simulated processes each call started."""
+
+    @property
+    def end_time(self) -> float:
+        """When the run ended, in virtual seconds."""
+
+    @property
+    def kill_grace_s(self) -> float | None:
+        """The agent's kill grace (PROTOCOL.md 5.3), when known."""
+
+    def fail(self, code: str, message: str, entry: int | None = None) -> None:
+        """Report one violation."""
+
+
 _EPS = 1e-6
 # Result times are whole milliseconds of the agent's wall clock.
 _MS = 0.001
@@ -67,7 +96,7 @@ def _at(ms: int | None) -> float | None:
 
 
 def check_interactive(
-    ck: Checker,
+    ck: CheckedRun,
     canonical: dict[Key, tuple[Result, int]],
     effects: dict[Key, list[tuple[int, float, int, str]]],
 ) -> None:
@@ -156,7 +185,7 @@ def _written(result: Result | None) -> int | None:
 
 
 def _stdin(
-    ck: Checker,
+    ck: CheckedRun,
     canonical: dict[Key, tuple[Result, int]],
     first_in_gen: dict[tuple[int, str, str], int],
     spawn_gen: dict[Key, tuple[int, int, float]],
@@ -306,7 +335,7 @@ def _stop_texts(
 
 
 def _deadlines(
-    ck: Checker,
+    ck: CheckedRun,
     canonical: dict[Key, tuple[Result, int]],
     signals: dict[Key, list[tuple[int, float, str]]],
     stops: list[tuple[int, float, Any]],
@@ -425,7 +454,7 @@ def _deadlines(
 
 
 def _shutdowns(
-    ck: Checker,
+    ck: CheckedRun,
     canonical: dict[Key, tuple[Result, int]],
     shutdowns: list[tuple[int, float, int]],
     stopped: dict[int, tuple[int, float, int, tuple[tuple[str, str], ...]]],
@@ -497,7 +526,7 @@ def _shutdowns(
 
 
 def _closes(
-    ck: Checker,
+    ck: CheckedRun,
     closes: list[tuple[int, float, int, int, CloseChatReq]],
     applied: Counter[tuple[int, int]],
     closed_rx: dict[tuple[int, int], list[tuple[int, float]]],

@@ -23,7 +23,7 @@ from toolwire.actors.effects import (
     ProcessExited,
     TurnRequest,
 )
-from toolwire.actors.records import RecordState, ToolCallRecord
+from toolwire.actors.records import RecordState, RecordTable, ToolCallRecord
 from toolwire.actors.results import (
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
@@ -31,6 +31,17 @@ from toolwire.actors.results import (
     Outcome,
     Result,
 )
+
+
+def _forget(state: ChatState, call_id: str) -> None:
+    """Drop one record as if it had never been, through RecordTable's public surface only: a
+    new table holds the others, restored in their touch order (iteration order), as the
+    journal's restore does. The planted bugs below that forget a saved result use it."""
+    kept = RecordTable()
+    for record in state.records:
+        if record.call_id != call_id:
+            kept.restore(record)
+    state.records = kept
 
 
 class RepeatRunsAgain(ChatState):
@@ -44,7 +55,7 @@ class RepeatRunsAgain(ChatState):
             and record.tool == "execute"
             and record.outcome is Outcome.COMPLETED
         ):
-            self.records._records.pop(req.spec.call_id, None)
+            _forget(self, req.spec.call_id)
         super()._on_call(req)
 
 
@@ -127,7 +138,7 @@ class InputRepeatWritesAgain(ChatState):
     def _on_call(self, req: CallRequest) -> None:
         record = self.records.get(req.spec.call_id)
         if record is not None and record.done and record.tool == "process_input":
-            self.records._records.pop(req.spec.call_id, None)
+            _forget(self, req.spec.call_id)
         super()._on_call(req)
 
 

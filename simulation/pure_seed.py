@@ -1529,7 +1529,7 @@ class PureSim:
                     )
                 world.check_all_answered()
                 require(
-                    not world.state._replies,
+                    not world.state.replies_waiting,
                     "l.reply_stuck",
                     f"chat {world.chat_id[:8]}: a reply still waits in a quiet chat",
                 )

@@ -14,7 +14,7 @@ saw them, not as they were queued on a socket), then passes it on unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from toolwire.actors import events
 from toolwire.actors.chat import CallSpec
@@ -36,15 +36,25 @@ from toolwire.transport.codec import SUBPROTOCOLS
 
 if TYPE_CHECKING:
     from toolwire.actors.agent import Agent
-    from toolwire.simulation.world import World
 
 SUBPROTOCOL_NAMES = tuple(SUBPROTOCOLS)
+
+
+class RequestLog(Protocol):
+    """Where a `RecordingAgent` writes what the agent was handed: the `World` of world.py is one
+    (named here, not imported, so that imports between the two modules point one way)."""
+
+    def applied(self, outbox: Outbox, req: Request) -> int:
+        """The request reaches the agent now: its trace entry."""
+
+    def rejected(self, entry: int, code: str) -> None:
+        """The agent refused the request of trace entry `entry` with error `code`."""
 
 
 class RecordingAgent:
     """What the Server sees as its agent: records each request, then applies it."""
 
-    def __init__(self, world: World, agent: Agent) -> None:
+    def __init__(self, world: RequestLog, agent: Agent) -> None:
         self._world = world
         self._agent = agent
 

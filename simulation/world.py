@@ -460,7 +460,7 @@ class World:
     async def _open_wire(self, conn: Conn) -> None:
         assert self._nursery is not None and self.server is not None
         client, server_end = trio.testing.memory_stream_pair()
-        self._nursery.start_soon(self.server._handle, server_end)  # the server's own handler
+        self._nursery.start_soon(self.server.handle_connection, server_end)
         subprotocol = self.rng.choice(SUBPROTOCOL_NAMES)
         ws = await wrap_client_stream(
             self._nursery,

@@ -29,7 +29,9 @@ from toolwire.transport.client import (
     ConnectionLost,
     MessageTooBig,
     RequestError,
+    aio,
     connect,
+    session,
 )
 from toolwire.transport.client.api import ClientAPI
 from toolwire.transport.ids import tool_call_id
@@ -745,6 +747,29 @@ async def test_no_socket_leaks_after_peer_closes_rejections_and_1009(
             # The agent closes with 1001 and stops listening.
             await shell.on_trio(small.server.shutdown)
         assert sockets_to(port) == 0
+
+    await shell.run(body)
+
+
+async def test_connect_is_a_new_client_opened_and_a_client_opens_once(
+    shell: Shell, live: LiveServer
+) -> None:
+    client_class = session.Client if shell.name == "trio" else aio.Client
+
+    async def body() -> None:
+        client = client_class(live.url, live.token)
+        async with client.open() as opened:
+            assert opened is client and client.connected and client.connections == 1
+            handle = await client.call(CHAT, "opened", "execute", {"command": "echo hi"})
+            assert (await handle.result()).output == "hi\n"
+            with pytest.raises(RuntimeError, match="opened already"):
+                async with client.open():
+                    raise AssertionError("opened twice")
+            assert client.connected  # the refused second open changed nothing
+        assert not client.connected
+        with pytest.raises(RuntimeError, match="opened already"):
+            async with client.open():
+                raise AssertionError("opened again after its close")
 
     await shell.run(body)
 

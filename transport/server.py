@@ -96,7 +96,9 @@ class Server:
                 listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
                 self.port = listeners[0].socket.getsockname()[1]
                 task_status.started(self.port)
-                await trio.serve_listeners(self._handle, listeners, handler_nursery=connections)
+                await trio.serve_listeners(
+                    self.handle_connection, listeners, handler_nursery=connections
+                )
 
     async def shutdown(self) -> None:
         """PROTOCOL.md 9.3: stop accepting connections and requests, stop every running call
@@ -128,7 +130,9 @@ class Server:
     def metrics(self) -> tuple[bytes, str]:
         return self._metrics_page.render(), METRICS_CONTENT_TYPE
 
-    async def _handle(self, stream: trio.abc.Stream) -> None:
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
+        """Serve one accepted connection to its end: what `serve` runs for each one it accepts,
+        and what runs any other byte stream as a connection (the simulation's in-memory ones)."""
         if self.config.ssl_context is not None:
             stream = trio.SSLStream(stream, self.config.ssl_context, server_side=True)
         buffered = WriteBufferedStream(stream)

@@ -61,7 +61,8 @@ _CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 
 
 class Client(ClientAPI):
-    """A connection to one agent, on asyncio. Make it with `connect(...)`; see api.py."""
+    """A connection to one agent, on asyncio. Make it with `connect(...)` (which is
+    `Client(...).open()`); see api.py."""
 
     def __init__(
         self,
@@ -116,9 +117,23 @@ class Client(ClientAPI):
 
     # -- connections --------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Client]:
+        """Connect, and run the connection (reader, reconnects) in a task until the block ends,
+        then close: what `connect` does with a new Client, with the same errors. A Client opens
+        once (RuntimeError on a second `open`): for a new connection make a new one."""
+        if self._runner is not None:
+            raise RuntimeError("this Client was opened already; make a new one to connect again")
         self._runner = asyncio.create_task(self._run(), name=f"toolwire client {self.url}")
         self._runner.add_done_callback(self._runner_ended)
+        try:
+            await self._state.first_settled.wait()
+            if self.connections == 0:
+                assert self._state.fatal is not None
+                raise self._state.fatal
+            yield self
+        finally:
+            await self.aclose()
 
     def _runner_ended(self, runner: asyncio.Task[None]) -> None:
         # A bug in the loop below must not leave the caller waiting forever: fail everything.
@@ -245,12 +260,5 @@ async def connect(
         ping_interval_s=ping_interval_s,
         ssl_context=ssl_context,
     )
-    client._start()
-    try:
-        await client._state.first_settled.wait()
-        if client.connections == 0:
-            assert client._state.fatal is not None
-            raise client._state.fatal
+    async with client.open():
         yield client
-    finally:
-        await client.aclose()

@@ -2,8 +2,14 @@
 
 Both shells use these same classes. They wait on a `Flag`, which is what trio.Event and
 asyncio.Event have in common (`set`, `is_set`, `await wait()`); each shell hands in its own
-event class, so nothing here imports an event loop. The handles are fed synchronously by
-`ClientState` (the `_on_*` methods: they never block), and awaited by the caller.
+event class, so nothing here imports an event loop.
+
+Each handle has two sides. The caller's: properties, `async for`, `await result()` (or
+`plan()`/`results()`). The client core's: the `feed_*` methods, through which `ClientState`
+(state.py and replies.py) hands a handle what the agent sent or why it failed. They are
+synchronous and never block (events queue without bound until consumed), each ignores what
+arrives after the handle ended, and a caller never calls them: they are public only so that the
+core drives the handles through a documented surface rather than their private state.
 """
 
 from __future__ import annotations
@@ -183,9 +189,12 @@ class CallHandle:
     async def __anext__(self) -> CallEvent:
         return await self._events.__anext__()
 
-    # -- fed by ClientState (synchronous, never blocks) ----------------------------------------
+    # -- the client core's side: fed by ClientState (synchronous, never blocks) ----------------
 
-    def _on_accepted(self, message: protocol.Accepted, gen: int) -> None:
+    def feed_accepted(self, message: protocol.Accepted, gen: int) -> None:
+        """The agent accepted a request for this call on connection `gen`: its events on that
+        connection count from now on (`live_gen`), and its output may start again from an
+        earlier offset."""
         if self.done:
             return
         self._accepted = message
@@ -193,7 +202,9 @@ class CallHandle:
         self._cursor.rewound = True  # a call/attach may move the agent's cursor back
         self._settled.set()
 
-    def _on_event(self, message: Any) -> None:
+    def feed_event(self, message: Any) -> None:
+        """One of the call's events (Started, Output, Approval, ApprovalResolved, or the
+        ResultMessage that ends the handle), de-duplicated here: each byte and each event once."""
         if self.done:
             return
         if isinstance(message, protocol.Output):
@@ -227,7 +238,8 @@ class CallHandle:
             self._done.set()
             self._settled.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def feed_failure(self, error: BaseException) -> None:
+        """End the handle without a result: its iteration and `result()` raise `error`."""
         if self.done:
             return
         self._error = error
@@ -277,18 +289,24 @@ class TurnHandle:
             raise self._error
         return self._results
 
-    def _on_plan(self, segments: list[list[str]]) -> None:
+    # -- the client core's side: fed by ClientState (synchronous, never blocks) ----------------
+
+    def feed_plan(self, segments: list[list[str]]) -> None:
+        """The turn's `turn_plan` (a repeat keeps the first)."""
         if self.segments is None:
             self.segments = segments
         self._planned.set()
 
-    def _on_results(self, results: list[protocol.Result]) -> None:
+    def feed_results(self, results: list[protocol.Result]) -> None:
+        """The turn's `turn_result`: it ends the turn."""
         if not self.done:
             self._results = results
             self._planned.set()
             self._done.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def feed_failure(self, error: BaseException) -> None:
+        """End the turn without results: `plan()` (if not planned yet) and `results()` raise
+        `error`."""
         if not self.done:
             self._error = error
             self._planned.set()

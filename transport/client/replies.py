@@ -1,20 +1,22 @@
 """How each message from the agent changes `ClientState` (part of the state machine, pure: no
 I/O, no event loop): a reply by `rid` resolves our request, a call event goes to the call's
-handle (once per byte, once per event, see handles.py), an approval to the approvals stream."""
+handle (once per byte, once per event, see handles.py), an approval to the approvals stream.
+
+What a message changes is only the client's tables (`ReplyTables`): its pending requests, its
+handles, its open gates. `ClientState` has them and calls `apply`; this module names them by
+that protocol and never imports state.py, so imports between the two point one way."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from toolwire.transport import protocol
 from toolwire.transport.client.errors import RequestError
+from toolwire.transport.client.handles import CallHandle, Mailbox, TurnHandle
 from toolwire.transport.client.requests import Key, RequestState
 
-if TYPE_CHECKING:
-    from toolwire.transport.client.state import ClientState
-
-__all__ = ["MAX_KEPT_ERRORS", "apply"]
+__all__ = ["MAX_KEPT_ERRORS", "ReplyTables", "apply"]
 
 log = logging.getLogger("toolwire.client")
 
@@ -29,7 +31,39 @@ _CALL_EVENTS = (
 )
 
 
-def apply(state: ClientState, message: Any) -> None:
+class ReplyTables(Protocol):
+    """The part of `ClientState` (state.py) that a message from the agent reads and changes."""
+
+    @property
+    def gen(self) -> int:
+        """The current connection: events count only on it."""
+
+    @property
+    def pending(self) -> dict[int, RequestState]:
+        """Our requests still waiting for their answer, by rid."""
+
+    @property
+    def handles(self) -> dict[Key, CallHandle]:
+        """The calls we follow, by (chat_id, call_id)."""
+
+    @property
+    def turns(self) -> dict[Key, TurnHandle]:
+        """The turns we follow, by (chat_id, turn_id)."""
+
+    @property
+    def open_gates(self) -> set[Key]:
+        """Approval gates we saw open and not close."""
+
+    @property
+    def approvals(self) -> Mailbox[protocol.Approval]:
+        """Where each gate's `approval` goes, once."""
+
+    @property
+    def errors(self) -> list[protocol.Error]:
+        """The errors that answer no request of ours (the newest MAX_KEPT_ERRORS)."""
+
+
+def apply(state: ReplyTables, message: Any) -> None:
     """Route one decoded agent message: replies by `rid` to our requests, call events by
     `(chat_id, call_id)` to handles, approvals to the approvals stream."""
     rid = message.rid if isinstance(getattr(message, "rid", None), int) else None
@@ -39,12 +73,12 @@ def apply(state: ClientState, message: Any) -> None:
     elif isinstance(message, protocol.Accepted):
         if request is not None and request.handle is not None:
             del state.pending[request.rid]
-            request.handle._on_accepted(message, state.gen)
+            request.handle.feed_accepted(message, state.gen)
             request.finish()
         elif message.rid is None:  # a call of a turn: "as if sent as a call" (5.0)
             handle = state.handles.get((message.chat_id, message.call_id))
             if handle is not None:
-                handle._on_accepted(message, state.gen)
+                handle.feed_accepted(message, state.gen)
     elif isinstance(message, protocol.CancelResult):
         if request is not None and request.kind == "cancel":
             request.cancel_results[message.call_id] = message
@@ -54,14 +88,14 @@ def apply(state: ClientState, message: Any) -> None:
     elif isinstance(message, protocol.TurnPlan):
         turn = state.turns.get((message.chat_id, message.turn_id))
         if turn is not None:
-            turn._on_plan(message.segments)
+            turn.feed_plan(message.segments)
         if request is not None and request.kind == "turn":
             del state.pending[request.rid]
             request.finish()
     elif isinstance(message, protocol.TurnResult):
         ended = state.turns.pop((message.chat_id, message.turn_id), None)
         if ended is not None:
-            ended._on_results(message.results)
+            ended.feed_results(message.results)
     elif isinstance(message, protocol.Interrupted):
         if request is not None and request.kind == "interrupt":
             del state.pending[request.rid]
@@ -78,7 +112,7 @@ def apply(state: ClientState, message: Any) -> None:
     # decoder yields no other types.
 
 
-def _on_call_event(state: ClientState, message: Any) -> None:
+def _on_call_event(state: ReplyTables, message: Any) -> None:
     key = (message.chat_id, message.call_id)
     if isinstance(message, protocol.Approval):
         if key not in state.open_gates:
@@ -94,12 +128,12 @@ def _on_call_event(state: ClientState, message: Any) -> None:
     # earlier belongs to an earlier request for the same call (an ended handle).
     if handle is None or handle.live_gen != state.gen:
         return
-    handle._on_event(message)
+    handle.feed_event(message)
     if handle.done:
         del state.handles[key]
 
 
-def _gate_closed(state: ClientState, key: Key, message: protocol.ApprovalResolved) -> None:
+def _gate_closed(state: ReplyTables, key: Key, message: protocol.ApprovalResolved) -> None:
     """An `approve` of ours is answered by the `approval_resolved` carrying our decision
     (docs/protocol.md: there is no direct reply). Another decision closed the gate first
     if it differs: then our error (`not_parked`) is on its way."""
@@ -115,7 +149,7 @@ def _gate_closed(state: ClientState, key: Key, message: protocol.ApprovalResolve
             request.finish()
 
 
-def _on_error(state: ClientState, message: protocol.Error, request: RequestState | None) -> None:
+def _on_error(state: ReplyTables, message: protocol.Error, request: RequestState | None) -> None:
     if request is None:
         log.warning(
             "error from the agent for no request of ours: %s: %s", message.code, message.message
@@ -130,17 +164,17 @@ def _on_error(state: ClientState, message: protocol.Error, request: RequestState
         if not handle.was_accepted:
             if state.handles.get(key) is handle:
                 del state.handles[key]
-            handle._fail(error)
+            handle.feed_failure(error)
     if request.internal and request.handle is not None:
         # A re-attach failed (the agent no longer knows the call): the handle cannot end.
         key = (request.handle.chat_id, request.handle.call_id)
         if state.handles.get(key) is request.handle:
             del state.handles[key]
-        request.handle._fail(error)
+        request.handle.feed_failure(error)
     turn = request.turn
     if turn is not None and (turn.segments is None or request.internal):
         key = (turn.chat_id, turn.turn_id)
         if state.turns.get(key) is turn:
             del state.turns[key]
-        turn._fail(error)
+        turn.feed_failure(error)
     request.finish(error)

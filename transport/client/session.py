@@ -73,7 +73,8 @@ _CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 
 
 class Client(ClientAPI):
-    """A connection to one agent, on trio. Make it with `connect(...)`; see api.py."""
+    """A connection to one agent, on trio. Make it with `connect(...)` (which is
+    `Client(...).open()`); see api.py."""
 
     def __init__(
         self,
@@ -105,6 +106,39 @@ class Client(ClientAPI):
         self._ws: WebSocketConnection | None = None
         self._stream: trio.abc.Stream | None = None
         self._nursery: trio.Nursery | None = None
+        self._opened = False
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Client]:
+        """Connect, and run the connection (reader, keepalive, reconnects) until the block
+        ends, then close: what `connect` does with a new Client, with the same errors. A Client
+        opens once (RuntimeError on a second `open`): for a new connection make a new one."""
+        if self._opened:
+            raise RuntimeError("this Client was opened already; make a new one to connect again")
+        self._opened = True
+        failed: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._run)
+                await self._state.first_settled.wait()
+                if self.connections == 0:
+                    failed = self._state.fatal
+                    nursery.cancel_scope.cancel()
+                else:
+                    try:
+                        yield self
+                    finally:
+                        await self.aclose()
+        except BaseExceptionGroup as group:
+            # The nursery wraps whatever the caller's block raised; hand back the caller's own
+            # exception when it is the only one, as a plain `async with` would.
+            single = _single_leaf(group)
+            if single is None:
+                raise
+            raise single from single.__cause__
+        if failed is not None:
+            raise failed
 
     async def aclose(self) -> None:
         """Close the connection and stop. Calls on the agent go on; every waiting request and
@@ -291,26 +325,5 @@ async def connect(
         ping_interval_s=ping_interval_s,
         ssl_context=ssl_context,
     )
-    failed: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            client._nursery = nursery
-            nursery.start_soon(client._run)
-            await client._state.first_settled.wait()
-            if client.connections == 0:
-                failed = client._state.fatal
-                nursery.cancel_scope.cancel()
-            else:
-                try:
-                    yield client
-                finally:
-                    await client.aclose()
-    except BaseExceptionGroup as group:
-        # The nursery wraps whatever the caller's block raised; hand back the caller's own
-        # exception when it is the only one, as a plain `async with` would.
-        single = _single_leaf(group)
-        if single is None:
-            raise
-        raise single from single.__cause__
-    if failed is not None:
-        raise failed
+    async with client.open():
+        yield client

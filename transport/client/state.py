@@ -142,7 +142,7 @@ class ClientState:
         self.check_usable()
         handle = self.handles.pop((chat_id, call_id), None)
         if handle is not None:
-            handle._fail(Detached(f"detached from {chat_id!r}/{call_id!r}"))
+            handle.feed_failure(Detached(f"detached from {chat_id!r}/{call_id!r}"))
         if not (self.live and self.ready):
             return None
         return self.codec.encode(
@@ -379,10 +379,10 @@ class ClientState:
             request.finish(error)
         self.pending.clear()
         for handle in list(self.handles.values()):
-            handle._fail(error)
+            handle.feed_failure(error)
         self.handles.clear()
         for turn in list(self.turns.values()):
-            turn._fail(error)
+            turn.feed_failure(error)
         self.turns.clear()
         self.approvals.close()
         self.connection_changed.set()
