@@ -239,11 +239,24 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
 
 
+# The verbs of `_os_failure` that create or replace: for them a missing path is no reason to
+# fail (they create it), so an ENOENT means a directory on the way vanished under them.
+_WRITING_VERBS = frozenset({"write", "create the parent directories of"})
+
+
 def _os_failure(e: OSError, shown: str, verb: str) -> ToolFailure:
     """One plain sentence for an OSError on `shown` (the path as the caller gave it)."""
+    writing = verb in _WRITING_VERBS
     if isinstance(e, FileNotFoundError):
+        if writing:
+            return ToolFailure(
+                f"cannot {verb} {shown}: a directory on its path was removed while it was"
+                " being written"
+            )
         return ToolFailure(f"{shown} does not exist")
     if isinstance(e, NotADirectoryError):
+        if writing:
+            return ToolFailure(f"cannot {verb} {shown}: a parent of it is a file, not a directory")
         return ToolFailure(f"{shown} does not exist: a parent of it is a file, not a directory")
     if isinstance(e, IsADirectoryError):
         return ToolFailure(f"{shown} is a directory, not a file")
@@ -506,6 +519,53 @@ def _check_precondition(target: str, shown: str, expected: str, tool: str) -> No
         raise _changed_failure(shown, expected, actual)
 
 
+# How often a path is resolved again when a symlink on it changed while it was being resolved
+# (os.path.realpath found a link, then readlink found none): a program that replaces a link
+# (unlink, then symlink) leaves it missing for microseconds, so a second try almost always
+# sees it whole; three bound the work against a link that flips without pause.
+RESOLVE_ATTEMPTS = 3
+
+
+def _canonical_target(path: str, workspace: str, shown: str, verb: str) -> str:
+    """`canonical_path`, resolved again if a symlink on the path changed meanwhile; a path
+    that keeps changing fails (before anything is written) with a text that says so."""
+    for _ in range(RESOLVE_ATTEMPTS):
+        try:
+            return canonical_path(path, workspace)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # readlink found no link where lstat had just seen one
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: readlink of what is no longer a link
+                raise _os_failure(e, shown, "resolve") from None
+    raise ToolFailure(
+        f"cannot {verb} {shown}: a symlink on its path kept changing while it was resolved;"
+        " nothing was written"
+    )
+
+
+def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None:
+    """Called when os.access said `target` may not be written: look again, so that the text
+    says what is true. access() answers only yes or no, and also no for a file that is gone,
+    which a stat just before cannot rule out (the path was replaced in between). Returns the
+    file's stat if it may be written after all (it was replaced by one that may), None if
+    there is no file any more; else raises the failure that says why it may not."""
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _os_failure(e, shown, "read") from None
+    if os.access(target, os.W_OK):
+        return st
+    try:
+        read_only_fs = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_fs = False
+    if read_only_fs:
+        raise ToolFailure(f"cannot {verb} {shown}: it is on a read-only file system")
+    raise ToolFailure(f"cannot {verb} {shown}: permission denied (the file is read-only)")
+
+
 # --- read_file ----------------------------------------------------------------------------------
 
 
@@ -719,7 +779,7 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
 
 
 def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
-    target = canonical_path(args.path, workspace)
+    target = _canonical_target(args.path, workspace, args.path, "write")
     with PATH_LOCKS.hold([target]):
         if args.expected_sha256 is not None:
             _check_precondition(target, args.path, args.expected_sha256, "write_file")
@@ -736,13 +796,11 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
         old = None
     except OSError as e:
         raise _os_failure(e, shown, "write") from None
-    if old is not None and stat.S_ISDIR(old.st_mode):
-        raise ToolFailure(f"{shown} is a directory; write_file writes files")
-    if old is not None and not stat.S_ISREG(old.st_mode):
-        raise ToolFailure(f"{shown} is not a regular file; write_file only replaces regular files")
+    _check_replaceable(old, shown)
     if old is not None and not os.access(target, os.W_OK):
-        # The rename would replace it anyway; refuse as open(path, "w") would.
-        raise ToolFailure(f"cannot write {shown}: permission denied (the file is read-only)")
+        # The rename would replace it anyway; refuse as open(path, "w") would, if it is so.
+        old = _writable_again(target, shown, "write")
+        _check_replaceable(old, shown)
     try:
         created = _make_parents(os.path.dirname(target))
     except NotADirectoryError:
@@ -760,6 +818,13 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
         f"wrote {_plural(len(data), 'byte')} to {shown}",
         {"bytes": len(data), "sha256": _sha256_hex(data)},
     )
+
+
+def _check_replaceable(old: os.stat_result | None, shown: str) -> None:
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        raise ToolFailure(f"{shown} is a directory; write_file writes files")
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        raise ToolFailure(f"{shown} is not a regular file; write_file only replaces regular files")
 
 
 # --- edit_files ---------------------------------------------------------------------------------
@@ -812,7 +877,11 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
     try:
         st = _stat_regular(target, shown, "read", "edit_files")
         if not os.access(target, os.W_OK):
-            raise ToolFailure(f"cannot edit {shown}: permission denied (the file is read-only)")
+            again = _writable_again(target, shown, "edit")
+            if again is None:
+                raise ToolFailure(f"{shown} does not exist")  # removed since the stat
+            _check_regular(again, shown, "edit_files")
+            st = again
         with open(target, "rb") as f:
             lines = list(_text_lines(f, shown, "edit_files"))
     except ToolFailure as e:
@@ -828,7 +897,7 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
 
 
 def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
-    paths = [canonical_path(entry.path, workspace) for entry in args.files]
+    paths = [_canonical_target(entry.path, workspace, entry.path, "edit") for entry in args.files]
     with PATH_LOCKS.hold(paths):
         for entry, target in zip(args.files, paths, strict=True):
             if entry.expected_sha256 is not None:
