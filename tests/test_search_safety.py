@@ -153,3 +153,15 @@ def test_the_proc_of_this_machine_is_known_as_a_pseudo_filesystem() -> None:
     would pass for the wrong reason, the file being unreadable)."""
     assert PseudoFilesystems.read().fstype(os.stat("/proc/self/status").st_dev) == "proc"
     assert "Name:" in Path("/proc/self/status").read_text()
+
+
+async def test_a_match_in_a_file_whose_name_is_not_utf8_reaches_the_client(
+    live: LiveServer,
+) -> None:
+    """Its name is reported readable (U+FFFD for the byte that does not decode): a lone
+    surrogate, as os.scandir gives it, cannot be encoded into any message."""
+    (live.workspace / os.fsdecode(b"caf\xe9.txt")).write_text("needle\n")
+    async with live.connect() as conn:
+        result = await conn.call("c", "s1", "search_files", {"pattern": "needle"})
+    assert result["outcome"] == "completed", result
+    assert result["data"]["matches"] == [{"path": "caf\ufffd.txt", "line": 1, "text": "needle"}]

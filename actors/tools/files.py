@@ -1003,8 +1003,19 @@ class _PathShower:
     def __call__(self, path: str) -> str:
         for root in (self.workspace, self.workspace_real):
             if _is_inside(path, root):
-                return os.path.relpath(path, root)
-        return path
+                return _readable(os.path.relpath(path, root))
+        return _readable(path)
+
+
+def _readable(path: str) -> str:
+    """A path as a result can carry it: a file name that is not UTF-8 (os.scandir keeps its
+    bytes as lone surrogates, which no JSON or MessagePack encoder takes) shows each byte
+    that does not decode as U+FFFD."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return path
 
 
 def search_files(

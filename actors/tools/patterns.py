@@ -61,7 +61,8 @@ _UNSUPPORTED: tuple[tuple[str, str], ...] = (
     ("invalid perl operator: (?!", "negative lookahead `(?!...)` is not supported"),
     ("invalid perl operator: (?<=", "lookbehind `(?<=...)` is not supported"),
     ("invalid perl operator: (?<!", "negative lookbehind `(?<!...)` is not supported"),
-    ("invalid perl operator: (?P=", "backreferences `(?P=name)` are not supported"),
+    # RE2 names only "(?P" here: `(?P<name>...)` it supports, so this is `(?P=name)`.
+    ("invalid perl operator: (?P", "backreferences `(?P=name)` are not supported"),
     ("invalid perl operator: (?>", "atomic groups `(?>...)` are not supported"),
     ("invalid perl operator: (?#", "comments `(?#...)` are not supported"),
     ("invalid perl operator: (?x", "verbose mode `(?x)` is not supported"),
