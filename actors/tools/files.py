@@ -544,26 +544,38 @@ def _canonical_target(path: str, workspace: str, shown: str, verb: str) -> str:
 
 
 def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None:
-    """Called when os.access said `target` may not be written: look again, so that the text
-    says what is true. access() answers only yes or no, and also no for a file that is gone,
-    which a stat just before cannot rule out (the path was replaced in between). Returns the
-    file's stat if it may be written after all (it was replaced by one that may), None if
-    there is no file any more; else raises the failure that says why it may not."""
+    """Called when os.access said `target` may not be written: find out why, so that the
+    text says what is true. access() answers only yes or no, and no also for a path that is
+    missing for an instant (a symlink being replaced), which no stat before or after can rule
+    out. So the file is opened for writing (nothing is written: the write itself is a rename),
+    and the open's errno says what holds for the file the path names at that moment. Returns
+    the file's stat if it may be written after all, None if there is no file any more; else
+    raises the failure that says why it may not."""
     try:
-        st = os.stat(target)
-    except FileNotFoundError:
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except PermissionError:
+        raise ToolFailure(
+            f"cannot {verb} {shown}: permission denied (the file is read-only)"
+        ) from None
     except OSError as e:
-        raise _os_failure(e, shown, "read") from None
-    if os.access(target, os.W_OK):
-        return st
+        if e.errno == errno.EROFS:
+            raise ToolFailure(f"cannot {verb} {shown}: it is on a read-only file system") from None
+        if e.errno not in (errno.ETXTBSY, errno.EWOULDBLOCK):
+            raise _os_failure(e, shown, verb) from None
+        # A running program, or a file another program holds a lease on: a rename replaces
+        # it all the same (the program keeps the old file).
+        try:
+            return os.stat(target)
+        except FileNotFoundError:
+            return None
+        except OSError as e2:
+            raise _os_failure(e2, shown, verb) from None
     try:
-        read_only_fs = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only_fs = False
-    if read_only_fs:
-        raise ToolFailure(f"cannot {verb} {shown}: it is on a read-only file system")
-    raise ToolFailure(f"cannot {verb} {shown}: permission denied (the file is read-only)")
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 # --- read_file ----------------------------------------------------------------------------------
