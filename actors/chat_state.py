@@ -131,6 +131,7 @@ from toolwire.actors.results import (
     text_killed_after,
 )
 from toolwire.actors.tools.execute import ExecuteArgs
+from toolwire.actors.tools.files import SearchFilesArgs
 from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs
 from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
 
@@ -185,7 +186,7 @@ class CallState:
     # Between the start (the record says RUNNING) and the durable start that lets the effect
     # happen: a failure in between ends the call `not_run`, since nothing can have started.
     start_pending: bool = False
-    # A wait (process_output, process_input) that a cancel can end.
+    # A wait (process_output, process_input) or a search that a cancel can end.
     stoppable: bool = False
     # The command's hard deadline (trio time), fixed at the first start (PROTOCOL.md 9.2).
     kill_at: float | None = None
@@ -269,8 +270,9 @@ class _PendingReply:
 
 
 def _stoppable(tool: ToolDef) -> bool:
-    """A wait a cancel can end (`process_output`, `process_input`): it runs as a task."""
-    return issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs)
+    """A wait a cancel can end (`process_output`, `process_input`), or a search (it reads
+    only, and stops between blocks of lines when told to): it runs as a task."""
+    return issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs | SearchFilesArgs)
 
 
 def _runs_on_loop(tool: ToolDef) -> bool:
@@ -1153,7 +1155,7 @@ class ChatState:
                 self._stop_group(call_id, unless_exited=True)
             elif call is not None and call.stoppable:
                 self._emit(StopRun(call_id))
-            # A file tool in a worker thread cannot be interrupted: the cancel waits for it
+            # A write in a worker thread is not interrupted half-way: the cancel waits for it
             # and reports its real result, which is the truth. A start still on its way to
             # disk ends `not_run` when it gets there.
         elif leftover:
@@ -1274,7 +1276,7 @@ class ChatState:
             call = self.calls.get(record.call_id)
             if call is not None and call.stoppable and record.call_id not in self.groups:
                 self._emit(StopRun(record.call_id))
-            # A file tool on a worker thread ends on its own with its real result; a start on
+            # A write on a worker thread ends on its own with its real result; a start on
             # its way to disk ends `not_run` when it gets there.
 
         def ready() -> bool:

@@ -7,6 +7,7 @@ as an input for `ChatState`; none decides anything.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 import trio
@@ -41,6 +42,7 @@ from toolwire.actors.effects import (
 )
 from toolwire.actors.followers import Followers
 from toolwire.actors.tools import execute as execute_tool
+from toolwire.actors.tools import files as file_tools
 from toolwire.actors.tools import process_tools
 
 log = logging.getLogger("toolwire.chat")
@@ -52,6 +54,7 @@ class ChatWork:
     __slots__ = (
         "_feed",
         "_followers",
+        "_searches",
         "_spawn",
         "_stoppable",
         "_timers",
@@ -77,11 +80,13 @@ class ChatWork:
         self._spawn: Callable[..., None] = spawn
         self._timers: dict[tuple[str, str], trio.CancelScope] = {}
         self._stoppable: dict[str, trio.CancelScope] = {}
+        # The running searches, by call: a cancel sets the flag, the worker thread sees it.
+        self._searches: dict[str, threading.Event] = {}
 
     @property
     def idle(self) -> bool:
         """No timer set and no tool a cancel could stop: nothing here outlives the moment."""
-        return not self._timers and not self._stoppable
+        return not self._timers and not self._stoppable and not self._searches
 
     def run_tool(self, effect: RunTool) -> None:
         if effect.on_loop:
@@ -108,9 +113,34 @@ class ChatWork:
             self._stoppable[effect.call_id] = scope
             self._spawn(self._input_task, effect.call_id, args, ticket, scope)
             return
+        if isinstance(args, file_tools.SearchFilesArgs):
+            # Registered now: a cancel may come before the task runs.
+            stop = self._searches[effect.call_id] = threading.Event()
+            self._spawn(self._search_task, effect.call_id, args, stop)
+            return
         if isinstance(args, process_tools.ProcessOutputArgs):
             self._stoppable[effect.call_id] = scope
         self._spawn(self._run_tool_task, effect, scope)
+
+    async def _search_task(
+        self, call_id: str, args: file_tools.SearchFilesArgs, stop: threading.Event
+    ) -> None:
+        """A search on a worker thread: a cancel (`stop_run`) stops it between two blocks of
+        lines, and it ends `canceled`; one that ended first keeps its real result."""
+        try:
+            report = await runners.search_in_thread(args, self.ctx.workspace, stop)
+        except file_tools.SearchStopped:
+            self._feed(ToolStopped(call_id))
+            return
+        except Exception:
+            log.exception(
+                "tool search_files failed", extra={"chat_id": self.chat_id, "call_id": call_id}
+            )
+            self._feed(ToolFailed(call_id))
+            return
+        finally:
+            self._searches.pop(call_id, None)
+        self._feed(ToolEnded(call_id, report))
 
     async def _input_task(
         self,
@@ -166,6 +196,9 @@ class ChatWork:
         scope = self._stoppable.get(effect.call_id)
         if scope is not None:
             scope.cancel()
+        search = self._searches.get(effect.call_id)
+        if search is not None:
+            search.set()
 
     # -----------------------------------------------------------------------------------------
     # Processes

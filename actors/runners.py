@@ -6,7 +6,9 @@ back to `ChatState` as an input.
 
 from __future__ import annotations
 
+import functools
 import signal
+import threading
 
 import msgspec
 import trio
@@ -42,6 +44,15 @@ async def run_tool_in_thread(
     args: msgspec.Struct, workspace: str, table: processes.ProcessTable
 ) -> ToolReport:
     return await trio.to_thread.run_sync(run_tool, args, workspace, table)
+
+
+async def search_in_thread(
+    args: file_tools.SearchFilesArgs, workspace: str, stop: threading.Event
+) -> ToolReport:
+    """search_files on a worker thread; once `stop` is set it ends within a block of lines,
+    raising SearchStopped. RE2 releases the GIL while it matches, so the loop runs meanwhile."""
+    search = functools.partial(file_tools.search_files, workspace, args, should_stop=stop.is_set)
+    return await trio.to_thread.run_sync(search)
 
 
 async def wait_for_process(

@@ -35,6 +35,7 @@ Contract shared by all four:
 
 from __future__ import annotations
 
+import enum
 import errno
 import hashlib
 import os
@@ -42,15 +43,18 @@ import re
 import secrets
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, BinaryIO, assert_never
 
 import msgspec
 
 from toolwire.actors.planner import canonical_path
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
+from toolwire.actors.tools import patterns
+from toolwire.actors.tools.mounts import PseudoFilesystems
 
 # --- limits -------------------------------------------------------------------------------------
 
@@ -71,6 +75,16 @@ READ_BLOCK_BYTES = 64 * 1024
 SEARCH_MAX_MATCHES = 500
 # Each matched line is cut to this many characters so one minified line cannot flood a result.
 SEARCH_MAX_LINE_CHARS = 500
+# search_files reads and matches whole lines in blocks of about this size, and looks for a
+# cancel (and at the clock) between blocks. One RE2 call per block keeps Python's cost per line
+# near zero; and at RE2's slowest (about 1 MB/s, measured, for a pattern whose automaton
+# outgrows its cache) a block takes 0.07 s, so a cancel is answered about that fast.
+SEARCH_BLOCK_BYTES = 64 * 1024
+# The longest one search_files runs before it returns what it found so far (truncated, with a
+# text saying so). Enough for a few GB at RE2's usual speed; a search of "/" or of a slow
+# network mount still answers while the model can act on it. Sourcegraph's default search
+# timeout is 10 s (60 s at most); a tool call of a model may wait somewhat longer.
+SEARCH_MAX_SECONDS = 30.0
 # Directories of version control systems: their contents are object stores and metadata, never
 # what a search means, and .git alone can hold more files than the tree itself.
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", "CVS"})
@@ -131,9 +145,9 @@ class EditFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class SearchFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
-    pattern: NonEmptyStr  # a Python `re` pattern, matched against each line without its newline
+    pattern: NonEmptyStr  # an RE2 pattern (actors/tools/patterns.py), matched line by line
     path: NonEmptyStr | None = None  # a file or directory; default the workspace root
-    glob: NonEmptyStr | None = None  # filters the files found under a directory; see _glob_regex
+    glob: NonEmptyStr | None = None  # filters the files found under a directory: glob_to_regex
 
 
 FileToolArgs = ReadFileArgs | WriteFileArgs | EditFilesArgs | SearchFilesArgs
@@ -171,10 +185,12 @@ def check_args(args: FileToolArgs) -> None:
     elif isinstance(args, SearchFilesArgs):
         if not args.pattern:
             raise ValueError("args.pattern: must not be empty")
+        _check_utf8("args.pattern", args.pattern)  # RE2 matches UTF-8
         if args.path is not None:
             _check_path("args.path", args.path)
         if args.glob is not None:
             _check_path("args.glob", args.glob)
+            _check_utf8("args.glob", args.glob)
     else:
         assert_never(args)
 
@@ -223,11 +239,24 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
 
 
+# The verbs of `_os_failure` that create or replace: for them a missing path is no reason to
+# fail (they create it), so an ENOENT means a directory on the way vanished under them.
+_WRITING_VERBS = frozenset({"write", "create the parent directories of"})
+
+
 def _os_failure(e: OSError, shown: str, verb: str) -> ToolFailure:
     """One plain sentence for an OSError on `shown` (the path as the caller gave it)."""
+    writing = verb in _WRITING_VERBS
     if isinstance(e, FileNotFoundError):
+        if writing:
+            return ToolFailure(
+                f"cannot {verb} {shown}: a directory on its path was removed while it was"
+                " being written"
+            )
         return ToolFailure(f"{shown} does not exist")
     if isinstance(e, NotADirectoryError):
+        if writing:
+            return ToolFailure(f"cannot {verb} {shown}: a parent of it is a file, not a directory")
         return ToolFailure(f"{shown} does not exist: a parent of it is a file, not a directory")
     if isinstance(e, IsADirectoryError):
         return ToolFailure(f"{shown} is a directory, not a file")
@@ -490,6 +519,65 @@ def _check_precondition(target: str, shown: str, expected: str, tool: str) -> No
         raise _changed_failure(shown, expected, actual)
 
 
+# How often a path is resolved again when a symlink on it changed while it was being resolved
+# (os.path.realpath found a link, then readlink found none): a program that replaces a link
+# (unlink, then symlink) leaves it missing for microseconds, so a second try almost always
+# sees it whole; three bound the work against a link that flips without pause.
+RESOLVE_ATTEMPTS = 3
+
+
+def _canonical_target(path: str, workspace: str, shown: str, verb: str) -> str:
+    """`canonical_path`, resolved again if a symlink on the path changed meanwhile; a path
+    that keeps changing fails (before anything is written) with a text that says so."""
+    for _ in range(RESOLVE_ATTEMPTS):
+        try:
+            return canonical_path(path, workspace)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # readlink found no link where lstat had just seen one
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: readlink of what is no longer a link
+                raise _os_failure(e, shown, "resolve") from None
+    raise ToolFailure(
+        f"cannot {verb} {shown}: a symlink on its path kept changing while it was resolved;"
+        " nothing was written"
+    )
+
+
+def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None:
+    """Called when os.access said `target` may not be written: find out why, so that the
+    text says what is true. access() answers only yes or no, and no also for a path that is
+    missing for an instant (a symlink being replaced), which no stat before or after can rule
+    out. So the file is opened for writing (nothing is written: the write itself is a rename),
+    and the open's errno says what holds for the file the path names at that moment. Returns
+    the file's stat if it may be written after all, None if there is no file any more; else
+    raises the failure that says why it may not."""
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError:
+        raise ToolFailure(
+            f"cannot {verb} {shown}: permission denied (the file is read-only)"
+        ) from None
+    except OSError as e:
+        if e.errno == errno.EROFS:
+            raise ToolFailure(f"cannot {verb} {shown}: it is on a read-only file system") from None
+        if e.errno not in (errno.ETXTBSY, errno.EWOULDBLOCK):
+            raise _os_failure(e, shown, verb) from None
+        # A running program, or a file another program holds a lease on: a rename replaces
+        # it all the same (the program keeps the old file).
+        try:
+            return os.stat(target)
+        except FileNotFoundError:
+            return None
+        except OSError as e2:
+            raise _os_failure(e2, shown, verb) from None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 # --- read_file ----------------------------------------------------------------------------------
 
 
@@ -703,7 +791,7 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
 
 
 def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
-    target = canonical_path(args.path, workspace)
+    target = _canonical_target(args.path, workspace, args.path, "write")
     with PATH_LOCKS.hold([target]):
         if args.expected_sha256 is not None:
             _check_precondition(target, args.path, args.expected_sha256, "write_file")
@@ -720,13 +808,11 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
         old = None
     except OSError as e:
         raise _os_failure(e, shown, "write") from None
-    if old is not None and stat.S_ISDIR(old.st_mode):
-        raise ToolFailure(f"{shown} is a directory; write_file writes files")
-    if old is not None and not stat.S_ISREG(old.st_mode):
-        raise ToolFailure(f"{shown} is not a regular file; write_file only replaces regular files")
+    _check_replaceable(old, shown)
     if old is not None and not os.access(target, os.W_OK):
-        # The rename would replace it anyway; refuse as open(path, "w") would.
-        raise ToolFailure(f"cannot write {shown}: permission denied (the file is read-only)")
+        # The rename would replace it anyway; refuse as open(path, "w") would, if it is so.
+        old = _writable_again(target, shown, "write")
+        _check_replaceable(old, shown)
     try:
         created = _make_parents(os.path.dirname(target))
     except NotADirectoryError:
@@ -744,6 +830,13 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
         f"wrote {_plural(len(data), 'byte')} to {shown}",
         {"bytes": len(data), "sha256": _sha256_hex(data)},
     )
+
+
+def _check_replaceable(old: os.stat_result | None, shown: str) -> None:
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        raise ToolFailure(f"{shown} is a directory; write_file writes files")
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        raise ToolFailure(f"{shown} is not a regular file; write_file only replaces regular files")
 
 
 # --- edit_files ---------------------------------------------------------------------------------
@@ -796,7 +889,11 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
     try:
         st = _stat_regular(target, shown, "read", "edit_files")
         if not os.access(target, os.W_OK):
-            raise ToolFailure(f"cannot edit {shown}: permission denied (the file is read-only)")
+            again = _writable_again(target, shown, "edit")
+            if again is None:
+                raise ToolFailure(f"{shown} does not exist")  # removed since the stat
+            _check_regular(again, shown, "edit_files")
+            st = again
         with open(target, "rb") as f:
             lines = list(_text_lines(f, shown, "edit_files"))
     except ToolFailure as e:
@@ -812,7 +909,7 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
 
 
 def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
-    paths = [canonical_path(entry.path, workspace) for entry in args.files]
+    paths = [_canonical_target(entry.path, workspace, entry.path, "edit") for entry in args.files]
     with PATH_LOCKS.hold(paths):
         for entry, target in zip(args.files, paths, strict=True):
             if entry.expected_sha256 is not None:
@@ -899,58 +996,9 @@ def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarg
 # --- search_files -------------------------------------------------------------------------------
 
 
-def _glob_regex(glob: str) -> re.Pattern[str]:
-    """Compile a glob over "/"-separated paths relative to the search root.
-
-    ``*`` matches within one path component, ``?`` one character other than "/", ``[...]`` a
-    character class (``[!...]`` negated), ``**/`` zero or more whole directories, and a
-    trailing ``**`` everything below. A glob without "/" matches the file's base name at any
-    depth ("*.py"); a glob with "/" matches the whole relative path ("src/**/*.py" matches
-    src/a.py and src/x/y/a.py; a leading "/" or "./" is dropped). Case-sensitive.
-    """
-    if "/" not in glob:
-        glob = "**/" + glob
-    while glob.startswith(("/", "./")):
-        glob = glob[1:] if glob.startswith("/") else glob[2:]
-    out: list[str] = []
-    i, n = 0, len(glob)
-    while i < n:
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif glob[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif glob[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif glob[i] == "[":
-            j = i + 1
-            if j < n and glob[j] == "!":
-                j += 1
-            if j < n and glob[j] == "]":
-                j += 1
-            j = glob.find("]", j)
-            if j == -1:
-                out.append(re.escape("["))
-                i += 1
-                continue
-            body = glob[i + 1 : j].replace("\\", "\\\\")
-            for special in "[&~|":  # literal in a glob class; set operators in a future re
-                body = body.replace(special, "\\" + special)
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            elif body.startswith("^"):
-                body = "\\" + body
-            out.append(f"[{body}]")
-            i = j + 1
-        else:
-            out.append(re.escape(glob[i]))
-            i += 1
-    return re.compile("".join(out), re.DOTALL)
+class SearchStopped(Exception):
+    """`search_files` was told to stop (`should_stop`) before it was over: the call was
+    canceled while running, and there is no result to report."""
 
 
 def _is_inside(path: str, root: str) -> bool:
@@ -967,101 +1015,185 @@ class _PathShower:
     def __call__(self, path: str) -> str:
         for root in (self.workspace, self.workspace_real):
             if _is_inside(path, root):
-                return os.path.relpath(path, root)
-        return path
+                return _readable(os.path.relpath(path, root))
+        return _readable(path)
+
+
+def _readable(path: str) -> str:
+    """A path as a result can carry it: a file name that is not UTF-8 (os.scandir keeps its
+    bytes as lone surrogates, which no JSON or MessagePack encoder takes) shows each byte
+    that does not decode as U+FFFD."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return path
 
 
 def search_files(
-    workspace: str, args: SearchFilesArgs, *, max_matches: int = SEARCH_MAX_MATCHES
+    workspace: str,
+    args: SearchFilesArgs,
+    *,
+    max_matches: int = SEARCH_MAX_MATCHES,
+    should_stop: Callable[[], bool] | None = None,
+    max_seconds: float = SEARCH_MAX_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
 ) -> ToolReport:
-    """Search text files line by line for the Python regex ``pattern``.
+    """Search text files line by line for the regex ``pattern`` (RE2 syntax, see
+    actors/tools/patterns.py: matched in time linear in the text, whatever the pattern).
 
-    ``data = {"matches": [{"path", "line", "text"}], "truncated": bool}``; ``output`` lists the
-    matches as ``path:line: text`` lines. ``path`` (default: the workspace root) is a file or a
-    directory. A directory is walked in sorted order (deterministic results), skipping VCS
-    directories (.git, .hg, .svn, ...) and not following directory symlinks (no loops);
-    symlinks to files are searched. ``glob`` filters the files found by the walk (see
-    _glob_regex); a file named directly by ``path`` is searched whatever the glob.
+    ``data = {"matches": [{"path", "line", "text"}], "truncated": bool}``. ``path`` (default:
+    the workspace root) is a file or a directory. A directory is walked in sorted order
+    (deterministic results), skipping VCS directories (.git, .hg, .svn, ...) and not
+    following directory symlinks (no loops); symlinks to files are searched. ``glob`` filters
+    the files found by the walk (see patterns.glob_to_regex); a file named directly by
+    ``path`` is searched whatever the glob. A pattern or glob RE2 cannot compile fails, naming
+    what is wrong or not supported.
 
-    The pattern is matched with ``re.search`` against each line without its line ending
-    (``\\n`` or ``\\r\\n``). Files with a NUL byte in their first 8 KiB are skipped as binary
-    (naming one directly fails); other bytes that are not UTF-8 decode as U+FFFD, so files in
-    a legacy encoding are still searched. Unreadable files and directories are skipped and
-    counted in the text. Reported paths are relative to the workspace when inside it, else
-    absolute; line numbers are 1-based; texts are cut to SEARCH_MAX_LINE_CHARS characters.
-    After ``max_matches`` matches the search stops; ``truncated`` is true when at least one
-    more match exists.
+    The pattern is matched against each line without its line ending (``\\n`` or
+    ``\\r\\n``). Files with a NUL byte in their first 8 KiB are skipped as binary (naming one
+    directly fails); other bytes that are not UTF-8 decode as U+FFFD, so files in a legacy
+    encoding are still searched. Only regular files of real file systems are read: anything
+    on a pseudo-filesystem (/proc, /sys, /dev, cgroups, debugfs ..., see actors/tools/mounts.py)
+    is skipped without being opened (naming it directly fails), as are FIFOs, sockets and
+    devices. Unreadable files and directories (a file leased by another program included: it
+    is opened without waiting) are skipped and counted in the text. Reported paths are
+    relative to the workspace when inside it, else absolute; line numbers are 1-based; texts
+    are cut to SEARCH_MAX_LINE_CHARS characters.
+
+    After ``max_matches`` matches the search stops; ``truncated`` is then true when at least
+    one more match exists. After ``max_seconds`` (by ``clock``) the search stops too, with the
+    matches found so far, ``truncated`` true and a text saying so. ``should_stop`` is asked
+    between blocks of lines (SEARCH_BLOCK_BYTES) and between files; once it says yes the
+    search raises SearchStopped.
     """
     check_args(args)
+    state = _SearchState(should_stop=should_stop, clock=clock, deadline=clock() + max_seconds)
     try:
-        return _search_files(workspace, args, max_matches)
+        return _search_files(workspace, args, max_matches, max_seconds, state)
     except ToolFailure as f:
         return _failed(f)
 
 
 @dataclass
 class _SearchState:
-    matches: list[dict[str, Any]]
-    files: set[str]  # shown paths with at least one match
+    should_stop: Callable[[], bool] | None
+    clock: Callable[[], float]
+    deadline: float
+    matches: list[dict[str, Any]] = field(default_factory=list)
+    files: set[str] = field(default_factory=set)  # shown paths with at least one match
     searched: int = 0
     unreadable: int = 0
+    # Files and directories not read because they are on a pseudo-filesystem, by its type.
+    pseudo: dict[str, int] = field(default_factory=dict)
     truncated: bool = False
+    out_of_time: bool = False
+
+    def over(self) -> bool:
+        """Asked between blocks and files: raise SearchStopped if told to stop; True once
+        the search should end here (the match cap or the time budget reached)."""
+        if self.should_stop is not None and self.should_stop():
+            raise SearchStopped
+        if not self.out_of_time and self.clock() >= self.deadline:
+            self.out_of_time = self.truncated = True
+        return self.truncated
+
+    def skip_pseudo(self, fstype: str) -> None:
+        self.pseudo[fstype] = self.pseudo.get(fstype, 0) + 1
+
+    def add(self, shown: str, number: int, text: str, max_matches: int) -> bool:
+        """Record a match; False (and truncated) when it is one more than `max_matches`."""
+        if len(self.matches) >= max_matches:
+            self.truncated = True
+            return False
+        self.matches.append({"path": shown, "line": number, "text": text[:SEARCH_MAX_LINE_CHARS]})
+        self.files.add(shown)
+        return True
 
 
-def _search_files(workspace: str, args: SearchFilesArgs, max_matches: int) -> ToolReport:
+def _pseudo_failure(shown: str, fstype: str) -> ToolFailure:
+    return ToolFailure(
+        f"{shown} is on a {fstype} pseudo-filesystem (kernel interfaces, not files);"
+        " search_files only reads regular files of real file systems"
+    )
+
+
+def _search_files(
+    workspace: str, args: SearchFilesArgs, max_matches: int, max_seconds: float, state: _SearchState
+) -> ToolReport:
     try:
-        regex = re.compile(args.pattern)
-    except re.error as e:
-        raise ToolFailure(f"invalid regex {args.pattern!r}: {e}") from None
+        pattern = patterns.compile_line_pattern(args.pattern)
+        glob = patterns.GlobMatcher(args.glob) if args.glob is not None else None
+    except patterns.PatternError as e:
+        raise ToolFailure(e.text) from None
     shown_root = args.path if args.path is not None else "the workspace"
     root = os.path.abspath(_resolve(workspace, args.path if args.path is not None else "."))
     try:
         st = os.stat(root)
     except OSError as e:
         raise _os_failure(e, shown_root, "search") from None
+    pseudo = PseudoFilesystems.read()
+    fstype = pseudo.fstype(st.st_dev)
+    if fstype is not None:
+        raise _pseudo_failure(shown_root, fstype)
     show = _PathShower(workspace)
-    state = _SearchState(matches=[], files=set())
-    glob_re: re.Pattern[str] | None = None
-    if stat.S_ISDIR(st.st_mode):
-        if args.glob is not None:
-            glob_re = _glob_regex(args.glob)
-        _search_tree(root, regex, glob_re, show, state, max_matches)
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if is_dir:
+        _search_tree(root, pattern, glob, show, state, max_matches, pseudo)
     elif stat.S_ISREG(st.st_mode):
         try:
-            binary = _search_file(root, regex, show(root), state, max_matches)
+            skipped = _search_file(root, pattern, show(root), state, max_matches, pseudo)
         except OSError as e:
             raise _os_failure(e, shown_root, "search") from None
-        if binary:
+        if skipped is _Skipped.BINARY:
             raise _binary_failure(shown_root, "search_files", "it contains NUL bytes")
+        if skipped is _Skipped.PSEUDO:  # it was swapped for one after the stat
+            raise _pseudo_failure(shown_root, next(iter(state.pseudo)))
+        if skipped is _Skipped.NOT_REGULAR:
+            raise ToolFailure(f"{shown_root} is not a regular file or a directory")
     else:
         raise ToolFailure(f"{shown_root} is not a regular file or a directory")
 
     found = len(state.matches)
     if found:
         text = f"found {_plural(found, 'match', 'matches')} in {_plural(len(state.files), 'file')}"
-    elif glob_re is not None and state.searched == 0:
+    elif glob is not None and is_dir and state.searched == 0:
         text = f"found no matches: no text file in {shown_root} matches glob {args.glob!r}"
     else:
         text = f"found no matches for {args.pattern!r}"
-    if stat.S_ISDIR(st.st_mode):
+    if is_dir:
         text += f" (searched {_plural(state.searched, 'file')} in {shown_root})"
     elif not found:
         text += f" in {shown_root}"
-    if state.truncated:
+    if state.out_of_time:
+        text += (
+            f"; stopped after {max_seconds:g} s, the longest one search runs, so more may"
+            " match: narrow the path or glob"
+        )
+    elif state.truncated:
         text += f"; stopped at {max_matches} matches: narrow the pattern, path or glob"
     if state.unreadable:
-        skipped = _plural(state.unreadable, "file or directory", "files or directories")
-        text += f"; could not read {skipped}"
+        unread = _plural(state.unreadable, "file or directory", "files or directories")
+        text += f"; could not read {unread}"
+    if state.pseudo:
+        count = sum(state.pseudo.values())
+        kinds = ", ".join(sorted(state.pseudo))
+        things = _plural(count, "file or directory", "files or directories")
+        text += f"; skipped {things} on pseudo-filesystems ({kinds})"
     return _completed(text, {"matches": state.matches, "truncated": state.truncated})
 
 
-def _walk_files(root: str, state: _SearchState) -> Iterator[tuple[str, str]]:
+def _walk_files(
+    root: str, state: _SearchState, pseudo: PseudoFilesystems
+) -> Iterator[tuple[str, str]]:
     """Yield (path, "/"-separated path relative to root) of every file below `root`.
 
     Order is by path, component by component (each directory's entries sorted by name, a
     subdirectory's files coming where its name sorts), so results never depend on the order
-    the file system lists entries in. VCS directories are skipped and directory symlinks are
-    not descended into; unreadable directories are counted in `state.unreadable`.
+    the file system lists entries in. VCS directories are skipped, directory symlinks are not
+    descended into, and neither are directories on a pseudo-filesystem (a mount of /proc or
+    /sys below the root; counted in `state.pseudo`); unreadable directories are counted in
+    `state.unreadable`.
     """
     stack: list[tuple[str, str, Iterator[os.DirEntry[str]]]] = []
 
@@ -1086,54 +1218,169 @@ def _walk_files(root: str, state: _SearchState) -> Iterator[tuple[str, str]]:
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
-        if is_dir:
-            if entry.name not in VCS_DIRS:
-                push(entry.path, rel + "/")
-        else:
+        if not is_dir:
             yield entry.path, rel
+        elif entry.name not in VCS_DIRS and not state.over():
+            try:
+                fstype = pseudo.fstype(entry.stat(follow_symlinks=False).st_dev)
+            except OSError:
+                state.unreadable += 1
+                continue
+            if fstype is not None:
+                state.skip_pseudo(fstype)
+            else:
+                push(entry.path, rel + "/")
 
 
 def _search_tree(
     root: str,
-    regex: re.Pattern[str],
-    glob_re: re.Pattern[str] | None,
+    pattern: patterns.LinePattern,
+    glob: patterns.GlobMatcher | None,
     show: _PathShower,
     state: _SearchState,
     max_matches: int,
+    pseudo: PseudoFilesystems,
 ) -> None:
-    for path, rel in _walk_files(root, state):
-        if glob_re is not None and not glob_re.fullmatch(rel):
+    for path, rel in _walk_files(root, state, pseudo):
+        if state.over():
+            return
+        if glob is not None and not glob.matches(rel):
             continue
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):
-                continue  # directory symlinks, FIFOs, sockets, devices, dangling links
-            _search_file(path, regex, show(path), state, max_matches)
+            # Before opening: a FIFO would block the open, a device may act on it, and a
+            # pseudo-filesystem's "regular" file (/proc/kmsg) may be consumed by reading it.
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                continue  # directory symlinks, FIFOs, sockets, devices
+            fstype = pseudo.fstype(st.st_dev)
+            if fstype is not None:
+                state.skip_pseudo(fstype)
+                continue
+            _search_file(path, pattern, show(path), state, max_matches, pseudo)
         except OSError:
-            state.unreadable += 1
-        if state.truncated:
-            return
+            state.unreadable += 1  # dangling links too
+
+
+class _Skipped(enum.Enum):
+    BINARY = "binary"
+    PSEUDO = "pseudo"
+    NOT_REGULAR = "not regular"
 
 
 def _search_file(
-    path: str, regex: re.Pattern[str], shown: str, state: _SearchState, max_matches: int
-) -> bool:
-    """Search one file, appending to `state`; return True if it was skipped as binary."""
-    with open(path, "rb") as f:
-        if b"\0" in f.read(BINARY_SNIFF_BYTES):
-            return True
-        f.seek(0)
+    path: str,
+    pattern: patterns.LinePattern,
+    shown: str,
+    state: _SearchState,
+    max_matches: int,
+    pseudo: PseudoFilesystems,
+) -> _Skipped | None:
+    """Search one file, appending to `state`; say why if it was skipped. Raises OSError.
+
+    The checks of the stat before it are made again on the open file itself, so a path
+    swapped in between (for a FIFO, or a link into /proc) is never read. O_NONBLOCK: an open
+    never waits (for a FIFO's writer, or for another program's lease on the file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _Skipped.NOT_REGULAR
+        fstype = pseudo.fstype(st.st_dev)
+        if fstype is not None:
+            state.skip_pseudo(fstype)
+            return _Skipped.PSEUDO
+        head = b""
+        while len(head) < BINARY_SNIFF_BYTES:  # a short read must not shorten the sniff
+            more = os.read(fd, SEARCH_BLOCK_BYTES)
+            if not more:
+                break
+            head += more
+        if b"\0" in head[:BINARY_SNIFF_BYTES]:
+            return _Skipped.BINARY
         state.searched += 1
-        for number, raw in enumerate(f, start=1):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            if line.endswith("\r"):
-                line = line[:-1]
-            if regex.search(line) is None:
-                continue
-            if len(state.matches) >= max_matches:
-                state.truncated = True
-                return False
-            state.matches.append(
-                {"path": shown, "line": number, "text": line[:SEARCH_MAX_LINE_CHARS]}
-            )
-            state.files.add(shown)
-    return False
+        number = 1  # of the first line of the next block
+        for block in _line_blocks(fd, head, state):
+            number = _search_block(block, number, pattern, shown, state, max_matches)
+            if state.truncated or state.over():
+                break
+    finally:
+        os.close(fd)
+    return None
+
+
+def _line_blocks(fd: int, head: bytes, state: _SearchState) -> Iterator[bytes]:
+    """The rest of the file after `head` (read already), with `head`, as blocks of whole
+    lines of about SEARCH_BLOCK_BYTES (every block but the last ends with "\\n"). A line
+    longer than a block makes its block as long as the line."""
+    parts = [head] if head else []
+    while True:
+        if state.over():
+            return
+        more = os.read(fd, SEARCH_BLOCK_BYTES)
+        if not more:
+            break
+        cut = more.rfind(b"\n") + 1
+        if cut == 0:
+            parts.append(more)
+            continue
+        parts.append(more[:cut])
+        yield b"".join(parts)
+        parts = [more[cut:]] if cut < len(more) else []
+    if parts:
+        yield b"".join(parts)
+
+
+def _search_block(
+    block: bytes,
+    number: int,
+    pattern: patterns.LinePattern,
+    shown: str,
+    state: _SearchState,
+    max_matches: int,
+) -> int:
+    """Search the whole lines of `block`, the first of which is line `number`; return the
+    number of the line after the block. Lines are matched without their "\\n" or "\\r\\n",
+    and bytes that are not UTF-8 as U+FFFD, as one line decoded alone would be."""
+    text = block.replace(b"\r\n", b"\n") if b"\r" in block else block
+    if text.endswith(b"\r"):  # the file's last line, without a "\n"
+        text = text[:-1]
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            text = text.decode("utf-8", errors="replace").encode("utf-8")
+    after = number + block.count(b"\n")
+    if pattern.block is None:
+        lines = text.split(b"\n")
+        if text.endswith(b"\n"):
+            lines.pop()
+        for i, raw in enumerate(lines):
+            line = raw.decode("utf-8")
+            if pattern.line.search(line) is not None and not state.add(
+                shown, number + i, line, max_matches
+            ):
+                break
+        return after
+    # One RE2 call finds the next line with a match (`LinePattern.block`): lines without one
+    # cost no Python at all. The line it points at is confirmed by the line pattern.
+    search = pattern.block.search
+    size = len(text)
+    pos = counted = 0  # where to search from; up to where newlines are counted into `number`
+    while pos < size:
+        found = search(text, pos)
+        if found is None:
+            break
+        start = text.rfind(b"\n", 0, found.start()) + 1
+        if start >= size:  # an empty match after the last "\n": no line is there
+            break
+        end = text.find(b"\n", found.start())
+        end = size if end == -1 else end
+        number += text.count(b"\n", counted, start)
+        counted = start
+        line = text[start:end].decode("utf-8")
+        if pattern.line.search(line) is not None and not state.add(
+            shown, number, line, max_matches
+        ):
+            break
+        pos = end + 1
+    return after
