@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from toolwire.actors import processes
 from toolwire.actors.chat_state import ChatConfig
+from toolwire.actors.command_env import command_environment
 from toolwire.actors.journal import Journal, MemoryJournal
 from toolwire.actors.metrics import CallCounters
 from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
@@ -70,7 +71,9 @@ class AgentContext:
     kill_grace_s: float = 2.0
     backend: processes.ProcessBackend = field(default_factory=processes.RealProcessBackend)
     wall_ms: Callable[[], int] = wall_clock_ms
-    base_env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # What every command's environment starts from: the agent's, without its secrets
+    # (actors/command_env.py). `toolwire serve` also leaves out whatever holds its token.
+    base_env: dict[str, str] = field(default_factory=lambda: command_environment(os.environ))
     # Where records survive restarts. MemoryJournal keeps nothing (tests, simulations, benches).
     journal: Journal = field(default_factory=MemoryJournal)
     # With a journal that keeps results, the recent results kept on the heap besides it (the

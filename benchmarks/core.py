@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 GoalKind = Literal["ratio>=", "ratio<=", "value<", "value>=", "true"]
-Stat = Literal["median", "p50", "p99"]
+Stat = Literal["median", "p50", "p99", "max"]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -58,6 +58,8 @@ class Measurement:
         if which == "median":
             return statistics.median(self.values) if self.values else math.nan
         pooled = self.samples or self.values
+        if which == "max":  # the worst sample of every repeat (a latency's worst case)
+            return max(pooled) if pooled else math.nan
         return percentile(pooled, 50 if which == "p50" else 99)
 
     def summary(self) -> dict[str, Any]:

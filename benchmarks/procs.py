@@ -43,10 +43,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
-def rss_bytes(pid: int | str = "self") -> int:
+def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
+    """Resident memory of a process now (VmRSS), or its peak since it started (VmHWM)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
 

@@ -25,6 +25,7 @@ from toolwire.benchmarks import report
 from toolwire.benchmarks.core import BenchContext, ScenarioResult
 from toolwire.benchmarks.machine import load_average, machine_info
 from toolwire.benchmarks.scenarios import (
+    abuse,
     bigwrite,
     interactive,
     journal,
@@ -58,6 +59,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "interactive", "a one-line process_input to cat on a pty vs a raw pty", interactive.run
         ),
+        Scenario("abuse", "another chat's trivial calls while one client attacks", abuse.run),
     )
 }
 

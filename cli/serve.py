@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import secrets
 import signal
 import ssl
 from collections.abc import AsyncIterator
@@ -15,7 +14,10 @@ from pathlib import Path
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.command_env import command_environment
 from toolwire.actors.journal import open_journal
+from toolwire.cli.agent_token import private_state_dir, resolve_token
+from toolwire.cli.private_process import forget_secrets, make_undumpable
 from toolwire.transport.server import Server, ServerConfig
 
 log = logging.getLogger("toolwire.serve")
@@ -48,33 +50,6 @@ def default_state_dir() -> Path:
     return Path(base) / "toolwire"
 
 
-def resolve_token(options: ServeOptions, state_dir: Path) -> tuple[str | None, str]:
-    """The token and where it came from: --token-file, else TOOLWIRE_TOKEN, else generated."""
-    if options.insecure_no_auth:
-        return None, "disabled (--insecure-no-auth)"
-    if options.token_file is not None:
-        token = options.token_file.read_text().strip()
-        if not token:
-            raise SystemExit(f"toolwire: token file {options.token_file} is empty")
-        return token, f"from {options.token_file}"
-    env_token = os.environ.get("TOOLWIRE_TOKEN", "").strip()
-    if env_token:
-        return env_token, "from TOOLWIRE_TOKEN"
-    path = state_dir / "token"
-    if path.exists():
-        token = path.read_text().strip()
-        if token:
-            return token, f"from {path}"
-    # Private: it holds the token and the journal (commands, args, outputs).
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
-    return token, f"generated and written to {path}"
-
-
 def is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return host == "localhost"
@@ -96,7 +71,14 @@ def ssl_context(options: ServeOptions) -> ssl.SSLContext | None:
 
 async def serve(options: ServeOptions) -> None:
     state_dir = options.state_dir or default_state_dir()
-    token, token_source = resolve_token(options, state_dir)
+    token, token_source = resolve_token(options.token_file, options.insecure_no_auth, state_dir)
+    if options.journal != "memory":
+        private_state_dir(state_dir)  # the journal holds commands, args and outputs
+    # No secret of the agent reaches a command (actors/command_env.py, cli/private_process.py):
+    # not its variable, not a variable holding the token, not the agent's own /proc entries.
+    command_env = command_environment(os.environ, [token])
+    forget_secrets(token)
+    undumpable = make_undumpable()
     tls = ssl_context(options)
     workspace = options.workspace.resolve()
     if not workspace.is_dir():
@@ -120,6 +102,7 @@ async def serve(options: ServeOptions) -> None:
         approve_tools=options.approve,
         approval_timeout_s=options.approval_timeout_s,
         journal=journal,
+        base_env=command_env,
     )
     agent = Agent(ctx)
     server = Server(
@@ -143,6 +126,11 @@ async def serve(options: ServeOptions) -> None:
             )
             # Where the token came from (a file path or the variable), never the token itself.
             log.info("token", extra={"token_source": token_source})
+            if undumpable is False:
+                log.warning(
+                    "could not make the agent undumpable (prctl PR_SET_DUMPABLE): a command "
+                    "of this user may read the token from /proc/<agent pid>/environ or mem"
+                )
             log.info("workspace", extra={"workspace": str(workspace)})
             log.info("port open; recovering the journal", extra={"port": port})
             await nursery.start(agent.run)

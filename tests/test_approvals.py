@@ -49,6 +49,8 @@ EXPIRED_TEXT = "tool call was not approved in time; no changes were made"
 # Every test ends well within this; a hang fails instead of blocking the suite.
 DEADLINE_S = 10.0
 CHAT = "chat-a"
+# `toolwire serve` takes no token under 128 bits (cli/agent_token.py): 26 base64 characters.
+APPROVE_TOKEN = "approvals-serve-token-0123"
 
 _rids = itertools.count(1)
 
@@ -1068,9 +1070,10 @@ async def test_toolwire_serve_gates_the_tools_named_by_approve(tmp_path: Path) -
     from tests.test_serve import serve
     from tests.wsclient import connect
 
-    async with serve(tmp_path, "--approve", "execute", env={"TOOLWIRE_TOKEN": "tok"}) as server:
+    env = {"TOOLWIRE_TOKEN": APPROVE_TOKEN}
+    async with serve(tmp_path, "--approve", "execute", env=env) as server:
         with trio.fail_after(DEADLINE_S):
-            async with connect(server.url, "tok") as conn:
+            async with connect(server.url, APPROVE_TOKEN) as conn:
                 await conn.send(marked_execute(CHAT, "e"))
                 assert (await wait_for(conn, of("accepted", "e")))["state"] == "awaiting_approval"
                 assert (await wait_for(conn, of("approval", "e")))["tool"] == "execute"

@@ -50,6 +50,17 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
     termios = doc["scenarios"]["interactive"]["params"]["termios"]
     assert termios["toolwire"] and termios["toolwire"] == termios["raw pty"], termios
 
+    # The abuse scenario: per attack, the other chat's worst call against the 100 ms goal, its
+    # p99, the attack's answer time and the agent's peak RSS; every run bounded.
+    abuse = doc["scenarios"]["abuse"]
+    for attack in ("redos", "cancel", "flood", "big"):
+        rows = [r for r in abuse["comparisons"] if r["toolwire"] == f"toolwire_during_{attack}"]
+        assert [r["stat"] for r in rows] == ["max", "p99"], (attack, rows)
+        assert rows[0]["goal"] == "< 100 ms" and rows[0]["baseline"] == "trivial_alone"
+        answered = abuse["measurements"][f"toolwire_answered_{attack}"]
+        assert all(v <= abuse["params"]["bound_s"] * 1000 for v in answered["repeats"])
+        assert abuse["measurements"][f"toolwire_rss_{attack}_mb"]["median"] > 0
+
     [md_file] = tmp_path.glob("bench-*.md")
     text = md_file.read_text()
     assert "| scenario | comparison | toolwire | baseline | ratio | goal | met? |" in text

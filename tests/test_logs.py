@@ -15,7 +15,7 @@ from tests.wsclient import connect
 from toolwire.cli.logs import default_log_format
 from toolwire.transport.access_control import BadOrigin, check_allowed_origin
 
-TOKEN = "log-test-token-5f0c1d2e"
+TOKEN = "log-test-token-5f0c1d2e7a9b"  # 30 base64 characters: 180 bits
 # What the command prints and what the file holds: neither may appear in the log. The command
 # text itself is `printf OUTPUT-MARKER-%s 42`, so a log that showed the args would not contain
 # the output marker, and one that showed the output would.

@@ -19,6 +19,8 @@ from tests.test_http_status import bearer, http_get
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "docs" / "toolwire.service"
+# 32 characters of base64: 192 bits, over the 128 a token needs (cli/agent_token.py).
+UNIT_TOKEN = "unit-test-token-0123456789abcdef"
 
 
 def unit_settings() -> dict[str, str]:
@@ -44,7 +46,8 @@ async def test_the_unit_files_execstart_serves_probes_and_stops_on_sigterm(
     }
     (tmp_path / "workspace").mkdir()
     (tmp_path / "state").mkdir(mode=0o700)
-    (tmp_path / "token").write_text("unit-test-token\n")
+    (tmp_path / "token").write_text(UNIT_TOKEN + "\n")
+    (tmp_path / "token").chmod(0o600)  # "readable by the service user only", as the unit says
     args = [str(moved.get(arg, arg)) for arg in argv[2:]]
     args[args.index("--port") + 1] = "0"  # 7411 may be taken on a test machine
     assert not set(moved) & set(args), "the unit names a path this test does not move"
@@ -71,7 +74,7 @@ async def test_the_unit_files_execstart_serves_probes_and_stops_on_sigterm(
         assert (await http_get(port, "/healthz")).body == b"ok"
         assert (await http_get(port, "/readyz")).body == b"ready"
         assert (await http_get(port, "/metrics")).status == 401
-        scraped = await http_get(port, "/metrics", bearer("unit-test-token"))
+        scraped = await http_get(port, "/metrics", bearer(UNIT_TOKEN))
         names = {f.name for f in text_string_to_metric_families(scraped.body.decode())}
         assert {"toolwire_calls", "toolwire_journal_commit_seconds"} <= names
         process.send_signal(signal.SIGTERM)
@@ -83,4 +86,4 @@ async def test_the_unit_files_execstart_serves_probes_and_stops_on_sigterm(
             await process.wait()
     for log_line in stderr_path.read_text().splitlines():
         json.loads(log_line)  # --log-format json: every line one object
-    assert "unit-test-token" not in stderr_path.read_text()
+    assert UNIT_TOKEN not in stderr_path.read_text()

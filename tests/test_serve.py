@@ -138,15 +138,18 @@ async def test_sigterm_saves_the_running_call_after_its_cleanup_and_a_restart_se
 
 
 async def test_token_from_env_and_file(tmp_path: Path) -> None:
-    async with serve(tmp_path, env={"TOOLWIRE_TOKEN": "from-env"}) as server:
-        async with connect(server.url, "from-env") as conn:
+    # 128 bits at least (cli/agent_token.py): 22 characters or more of base64.
+    env_token, file_token = "from-env-0123456789abcdef", "from-file-0123456789abcdef"
+    async with serve(tmp_path, env={"TOOLWIRE_TOKEN": env_token}) as server:
+        async with connect(server.url, env_token) as conn:
             assert conn.welcome["type"] == "welcome"
         server.process.send_signal(signal.SIGINT)
         assert await server.process.wait() == 0
     token_file = tmp_path / "tok"
-    token_file.write_text("from-file\n")
+    token_file.write_text(file_token + "\n")
+    token_file.chmod(0o600)
     async with serve(tmp_path, "--token-file", str(token_file)) as server:
-        async with connect(server.url, "from-file") as conn:
+        async with connect(server.url, file_token) as conn:
             assert conn.welcome["type"] == "welcome"
         server.process.send_signal(signal.SIGTERM)
         assert await server.process.wait() == 0
