@@ -25,8 +25,10 @@ from tests.test_serve import serve
 from tests.wsclient import Message, RawConn, connect, is_result, of, wait_for
 from toolwire.actors.tools.mounts import PseudoFilesystems
 
-# Far more than either attack takes once fixed (milliseconds), far less than before (days).
-HANG_GUARD_S = 30
+# Far more than either attack takes once fixed (milliseconds), far less than before (days),
+# with room for a machine many times oversubscribed; and the same for the server's start.
+HANG_GUARD_S = 60
+STARTUP_S = 90
 
 
 def call(chat_id: str, call_id: str, tool: str, args: dict[str, Any]) -> Message:
@@ -35,7 +37,7 @@ def call(chat_id: str, call_id: str, tool: str, args: dict[str, Any]) -> Message
 
 async def attack_then_read(tmp_path: Path, search_args: dict[str, Any]) -> tuple[Message, Message]:
     """Send the search in one chat, then a trivial read in another; both results."""
-    async with serve(tmp_path) as server:
+    async with serve(tmp_path, startup_s=STARTUP_S) as server:
         token = (tmp_path / "state" / "token").read_text().strip()
         async with connect(server.url, token) as conn:
             await conn.send(call("evil", "attack", "search_files", search_args))

@@ -33,7 +33,11 @@ class ServeProcess:
 
 @asynccontextmanager
 async def serve(
-    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, scheme: str = "ws"
+    tmp_path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    scheme: str = "ws",
+    startup_s: float = 20,
 ) -> AsyncIterator[ServeProcess]:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
@@ -49,7 +53,7 @@ async def serve(
         )
     assert process.stdout is not None
     line = b""
-    with trio.fail_after(20):
+    with trio.fail_after(startup_s):
         while not line.endswith(b"\n"):
             chunk = await process.stdout.receive_some(1)
             assert chunk, stderr_path.read_text()
