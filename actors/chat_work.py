@@ -219,11 +219,19 @@ class ChatWork:
         proc: processes.ProcessRecord,
         on_output: Callable[[processes.ProcessRecord], None],
     ) -> None:
-        await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
-        # What the command wrote before it exited, without waiting for EOF (a background child
-        # may hold the pipe for long).
-        processes.drain_available(proc, on_output)
-        self._feed(ProcessExited(proc.process_id, runners.snapshot(proc)))
+        try:
+            await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
+            # What the command wrote before it exited, without waiting for EOF (a background
+            # child may hold the pipe for long).
+            processes.drain_available(proc, on_output)
+            snapshot = runners.snapshot(proc)
+        except Exception:
+            # Its exit can no longer be known: the call ends `unknown` (its group stays the
+            # chat's, so a cancel, a close or the shutdown still stops it).
+            self._failed("waiting for the command's exit", proc.process_id)
+            self._feed(ToolFailed(proc.process_id))
+            return
+        self._feed(ProcessExited(proc.process_id, snapshot))
 
     def stop_group(self, effect: StopGroup) -> None:
         proc = self.processes.get(effect.call_id)
@@ -252,11 +260,20 @@ class ChatWork:
         self._spawn(self._watch_task, proc)
 
     async def _watch_task(self, proc: processes.ProcessRecord) -> None:
-        await processes.wait_until_group_empty(proc, max_delay_s=processes.GROUP_WATCH_MAX_S)
+        try:
+            await processes.wait_until_group_empty(proc, max_delay_s=processes.GROUP_WATCH_MAX_S)
+        except Exception:
+            # The watch is over either way: what waits for the group to go is not held forever.
+            self._failed("watching the command's process group", proc.process_id)
         self._feed(GroupGone(proc.process_id))
 
     async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:
-        emptied = await runners.term_group(proc, grace_s)
+        try:
+            emptied = await runners.term_group(proc, grace_s)
+        except Exception:
+            # On to the SIGKILL, as when the grace runs out: the stop goes on.
+            self._failed("stopping the command's process group (SIGTERM)", proc.process_id)
+            emptied = False
         self._feed(GroupEmpty(proc.process_id) if emptied else GraceOver(proc.process_id))
 
     def kill_group(self, effect: KillGroup) -> None:
@@ -267,9 +284,20 @@ class ChatWork:
         self._spawn(self._kill_task, proc)
 
     async def _kill_task(self, proc: processes.ProcessRecord) -> None:
-        await runners.kill_group(proc)
-        processes.drain_available(proc, lambda p: self._followers.output_arrived(p.process_id))
-        self._feed(GroupStopped(proc.process_id, runners.snapshot(proc)))
+        try:
+            await runners.kill_group(proc)
+            processes.drain_available(proc, lambda p: self._followers.output_arrived(p.process_id))
+            snapshot = runners.snapshot(proc)
+        except Exception:
+            # Whether the group is gone can no longer be known: a call still running ends
+            # `unknown`, and the stop is over (what waits for it is not held forever).
+            self._failed("killing the command's process group", proc.process_id)
+            self._feed(ToolFailed(proc.process_id))
+            snapshot = _gone(proc.process_id)
+        self._feed(GroupStopped(proc.process_id, snapshot))
+
+    def _failed(self, what: str, call_id: str) -> None:
+        log.exception("%s failed", what, extra={"chat_id": self.chat_id, "call_id": call_id})
 
     def mark_timed_out(self, effect: MarkTimedOut) -> None:
         proc = self.processes.get(effect.call_id)

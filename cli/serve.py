@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
-from toolwire.actors.journal import open_journal
+from toolwire.actors.journal import JournalError, open_journal
 from toolwire.transport.server import Server, ServerConfig
 
 log = logging.getLogger("toolwire.serve")
@@ -60,6 +60,18 @@ def resolve_token(options: ServeOptions, state_dir: Path) -> tuple[str | None, s
     env_token = os.environ.get("TOOLWIRE_TOKEN", "").strip()
     if env_token:
         return env_token, "from TOOLWIRE_TOKEN"
+    try:
+        return _token_in_state_dir(state_dir)
+    except OSError as exc:
+        # One line, not a traceback: a state dir that is a file, or that this user cannot
+        # enter or write, is the operator's to fix.
+        where = exc.filename or state_dir
+        raise SystemExit(
+            f"toolwire serve: state dir {state_dir}: {exc.strerror or exc}: {where}"
+        ) from exc
+
+
+def _token_in_state_dir(state_dir: Path) -> tuple[str, str]:
     path = state_dir / "token"
     if path.exists():
         token = path.read_text().strip()
@@ -141,6 +153,7 @@ async def serve(options: ServeOptions) -> None:
             nursery.start_soon(
                 _stop_on_signal, signals, server, nursery.cancel_scope, ctx.kill_grace_s
             )
+            nursery.start_soon(_end_when_stopped_by_failure, server, nursery.cancel_scope)
             # Where the token came from (a file path or the variable), never the token itself.
             log.info("token", extra={"token_source": token_source})
             log.info("workspace", extra={"workspace": str(workspace)})
@@ -152,6 +165,7 @@ async def serve(options: ServeOptions) -> None:
                 f"journal {options.journal}"
                 + (
                     f" at {where} (sync {options.sync}), {agent.recovered} records recovered"
+                    + (" (a new journal file)" if getattr(journal, "created", False) else "")
                     if where
                     else ""
                 ),
@@ -159,6 +173,16 @@ async def serve(options: ServeOptions) -> None:
             )
             log.info("ready", extra={"port": port})
             print(f"toolwire listening on {scheme}://{options.host}:{port}/v1", flush=True)
+    if agent.failure is not None:
+        # The stop is over (commands stopped, connections closed with 1011): exit 1 with
+        # the reason on stderr (cli/main.py), as for a journal that failed at start.
+        raise JournalError(agent.failure)
+
+
+async def _end_when_stopped_by_failure(server: Server, scope: trio.CancelScope) -> None:
+    """The agent's journal failed and the server stopped it in order: end the process."""
+    await server.stopped_by_failure.wait()
+    scope.cancel()
 
 
 async def _stop_on_signal(
