@@ -119,6 +119,9 @@ async def test_a_long_run_of_writes_lands_whole_and_the_later_row_wins(tmp_path:
 
 async def test_an_idle_loop_commits_on_its_own_thread(tmp_path: Path) -> None:
     journal = SqliteJournal(tmp_path / "journal.sqlite3")
+    # Idleness alone decides here: on a loaded machine a fresh WAL's first fsyncs take
+    # milliseconds, and a slow disk's own rule (the next test) would send commits to the thread.
+    journal.inline_max_commit_s = float("inf")
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         for i in range(5):
