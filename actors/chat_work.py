@@ -6,7 +6,10 @@ as an input for `ChatState`; none decides anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 from collections.abc import Callable
 
 import trio
@@ -226,9 +229,10 @@ class ChatWork:
             processes.drain_available(proc, on_output)
             snapshot = runners.snapshot(proc)
         except Exception:
-            # Its exit can no longer be known: the call ends `unknown` (its group stays the
-            # chat's, so a cancel, a close or the shutdown still stops it).
+            # Its exit can no longer be known: the call ends `unknown`, and the command is
+            # given up (see `_give_up`).
             self._failed("waiting for the command's exit", proc.process_id)
+            await _give_up(proc, self.processes)
             self._feed(ToolFailed(proc.process_id))
             return
         self._feed(ProcessExited(proc.process_id, snapshot))
@@ -331,6 +335,31 @@ class ChatWork:
         scope = self._timers.pop(effect.key, None)
         if scope is not None:
             scope.cancel()
+
+
+# How long a command whose reaper failed is waited for after its SIGKILL (SIGKILL ends a
+# process within milliseconds; this only bounds a wait that has already failed once).
+GIVE_UP_REAP_S = 1.0
+
+
+async def _give_up(proc: processes.ProcessRecord, table: processes.ProcessTable) -> None:
+    """A command whose exit can no longer be waited for: its group is killed, so nothing of it
+    runs on unseen, it is reaped if it can be, and it counts as exited, so that nothing waits
+    for it forever (a cancel's stop, a close, the shutdown: all wait for `exited`)."""
+    pid = proc.handle.pid
+    with contextlib.suppress(Exception):
+        proc.handle.signal_group(signal.SIGKILL)
+    with trio.move_on_after(GIVE_UP_REAP_S):
+        while pid is not None:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:  # noqa: ASYNC222 - WNOHANG never blocks
+                    break
+            except ChildProcessError:
+                break  # reaped already, or not ours to reap
+            await trio.sleep(0.01)
+    proc.exited.set()
+    table.exited(proc)
+    proc.notify()
 
 
 def _gone(call_id: str) -> ProcessSnapshot:
