@@ -7,6 +7,7 @@ to the chat they name; `""` is the chat-less namespace, a chat of its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from typing import Any
@@ -18,11 +19,13 @@ from toolwire.actors.calls import CallSpec
 from toolwire.actors.chat import ChatActor
 from toolwire.actors.chat_state import ChatState
 from toolwire.actors.context import AgentContext, Limits, wall_clock_ms
-from toolwire.actors.journal import wall_ms_to_monotonic
+from toolwire.actors.journal import JournalError, wall_ms_to_monotonic
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools.registry import TOOL_NAMES
+
+log = logging.getLogger("toolwire.agent")
 
 # Kept importable from here: the transport, the simulation and tests name them so.
 __all__ = ["Agent", "AgentContext", "Limits", "wall_clock_ms"]
@@ -60,6 +63,10 @@ class Agent:
         # True once recovery is done and durable and requests are taken (`/readyz`).
         self.ready = False
         self.stopping = False  # shutdown() began: requests are refused
+        # Why the agent must stop (its journal can no longer write), once it must: readiness
+        # goes false at once, and whoever runs the agent stops it (transport/server.py).
+        self.failure: str | None = None
+        self._failed = trio.Event()
         self._nursery: trio.Nursery | None = None
         # The journal's last write before this agent's first: a store may count writes a dead
         # agent queued and never committed, which never become durable, so recovery and
@@ -69,6 +76,7 @@ class Agent:
     async def run(self, *, task_status: trio.TaskStatus[Agent] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.ctx.journal.on_failure = self._journal_failed
             await nursery.start(self.ctx.journal.run)
             self._journal_seq_at_start = self.ctx.journal.queued_seq
             self.recovered = await self._recover()
@@ -80,6 +88,29 @@ class Agent:
             self.ready = True
             task_status.started(self)
             await trio.sleep_forever()
+
+    def _journal_failed(self, reason: str) -> None:
+        """A journal that can no longer write takes at most once with it: no call may start
+        (its start could not be saved) and no result can be saved. So the agent stops, and
+        says why first, in one line (before the journal fails the changes it still held)."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        self.ready = False
+        self.stopping = True  # no request is taken from here on
+        log.critical(
+            "%s; the agent stops: not ready, running commands stopped, connections closed "
+            "with 1011, exit status 1",
+            reason,
+            extra={"journal_failure": reason},
+        )
+        self._failed.set()
+
+    async def wait_failed(self) -> str:
+        """Return `failure` once the agent must stop because its journal failed."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     async def _recover(self) -> int:
         """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
@@ -214,7 +245,12 @@ class Agent:
         async with trio.open_nursery() as nursery:
             for chat in list(self.chats.values()):
                 nursery.start_soon(chat.shutdown)
-        await self._wait_own_writes_durable()
+        try:
+            await self._wait_own_writes_durable()
+        except JournalError:
+            if self.failure is None and self.ctx.journal.failure is None:
+                raise
+            # The journal failed: what it could not save was answered from memory (9.9).
 
     async def _wait_own_writes_durable(self) -> None:
         """Until every journal write this agent queued is durable (commits are in order: its

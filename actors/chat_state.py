@@ -38,6 +38,7 @@ from toolwire.actors.effects import (
     CloseChatRequest,
     ClosedRestored,
     CloseDurable,
+    CloseFailed,
     Conn,
     Deadline,
     Detach,
@@ -72,6 +73,7 @@ from toolwire.actors.effects import (
     Restored,
     ResultDurable,
     ResultsRead,
+    ResultsReadFailed,
     RunTool,
     Send,
     SendReplay,
@@ -630,6 +632,14 @@ class ChatState:
     def _on_close_durable(self, event: CloseDurable) -> None:
         if self._close_row == _CLOSE_QUEUED:
             self._close_row = _CLOSE_DURABLE  # the replies waiting for it go out (_settle)
+
+    def _on_close_failed(self, event: CloseFailed) -> None:
+        """The journal refused the close row. The close itself is over (its calls ended, its
+        groups stopped, their results saved as any other): `chat_closed` goes out saying so,
+        and the chat stays closed in memory. Only a restart would find it open again (the
+        shell logged that); a later close_chat queues the row anew."""
+        if self._close_row == _CLOSE_QUEUED:
+            self._close_row = _NO_CLOSE_ROW
 
     def _reply_when_quiet(
         self,
@@ -1512,6 +1522,25 @@ class ChatState:
             self._lane_held[call_id] = result
         self._drain_lane()
 
+    def _on_results_read_failed(self, event: ResultsReadFailed) -> None:
+        """The journal could not give these saved results back (the shell retried first).
+        Each delivery waiting on one still gets exactly one result for it (PROTOCOL.md 5.0: an
+        `accepted` went out, so an `error` may not follow): `unknown` with the agent-failure
+        text, which is what the agent can truthfully say of it now. The record and its row are
+        untouched: nothing is saved, and a later repeat reads the saved result again."""
+        self._reading = False
+        for call_id, result in event.results.items():
+            self.results.put((self.chat_id, call_id), result)
+            self._lane_held[call_id] = result
+        for call_id in event.call_ids:
+            record = self.records.get(call_id)
+            if record is not None and call_id not in self._lane_held:
+                self._lane_held[call_id] = self._unreadable_result(record)
+        self._drain_lane()
+
+    def _unreadable_result(self, record: ToolCallRecord) -> Result:
+        return self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_FAILURE)
+
     def _drain_lane(self) -> None:
         held = self._lane_held
         while self._lane:
@@ -1754,10 +1783,12 @@ _HANDLER_NAMES: dict[type, str] = {
     GateExpired: "_on_gate_expired",
     KillAfter: "_on_kill_after",
     ResultsRead: "_on_results_read",
+    ResultsReadFailed: "_on_results_read_failed",
     Restored: "_on_restored",
     ApprovalRestored: "_on_approval_restored",
     ClosedRestored: "_on_closed_restored",
     CloseDurable: "_on_close_durable",
+    CloseFailed: "_on_close_failed",
     Shutdown: "_on_shutdown",
     Sweep: "_on_sweep",
 }

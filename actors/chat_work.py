@@ -6,7 +6,10 @@ as an input for `ChatState`; none decides anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -252,11 +255,20 @@ class ChatWork:
         proc: processes.ProcessRecord,
         on_output: Callable[[processes.ProcessRecord], None],
     ) -> None:
-        await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
-        # What the command wrote before it exited, without waiting for EOF (a background child
-        # may hold the pipe for long).
-        processes.drain_available(proc, on_output)
-        self._feed(ProcessExited(proc.process_id, runners.snapshot(proc)))
+        try:
+            await processes.reap(proc, self.ctx.wall_ms, self.processes.exited)
+            # What the command wrote before it exited, without waiting for EOF (a background
+            # child may hold the pipe for long).
+            processes.drain_available(proc, on_output)
+            snapshot = runners.snapshot(proc)
+        except Exception:
+            # Its exit can no longer be known: the call ends `unknown`, and the command is
+            # given up (see `_give_up`).
+            self._failed("waiting for the command's exit", proc.process_id)
+            await _give_up(proc, self.processes)
+            self._feed(ToolFailed(proc.process_id))
+            return
+        self._feed(ProcessExited(proc.process_id, snapshot))
 
     def stop_group(self, effect: StopGroup) -> None:
         proc = self.processes.get(effect.call_id)
@@ -285,11 +297,20 @@ class ChatWork:
         self._spawn(self._watch_task, proc)
 
     async def _watch_task(self, proc: processes.ProcessRecord) -> None:
-        await processes.wait_until_group_empty(proc, max_delay_s=processes.GROUP_WATCH_MAX_S)
+        try:
+            await processes.wait_until_group_empty(proc, max_delay_s=processes.GROUP_WATCH_MAX_S)
+        except Exception:
+            # The watch is over either way: what waits for the group to go is not held forever.
+            self._failed("watching the command's process group", proc.process_id)
         self._feed(GroupGone(proc.process_id))
 
     async def _term_task(self, proc: processes.ProcessRecord, grace_s: float) -> None:
-        emptied = await runners.term_group(proc, grace_s)
+        try:
+            emptied = await runners.term_group(proc, grace_s)
+        except Exception:
+            # On to the SIGKILL, as when the grace runs out: the stop goes on.
+            self._failed("stopping the command's process group (SIGTERM)", proc.process_id)
+            emptied = False
         self._feed(GroupEmpty(proc.process_id) if emptied else GraceOver(proc.process_id))
 
     def kill_group(self, effect: KillGroup) -> None:
@@ -300,9 +321,20 @@ class ChatWork:
         self._spawn(self._kill_task, proc)
 
     async def _kill_task(self, proc: processes.ProcessRecord) -> None:
-        await runners.kill_group(proc)
-        processes.drain_available(proc, lambda p: self._followers.output_arrived(p.process_id))
-        self._feed(GroupStopped(proc.process_id, runners.snapshot(proc)))
+        try:
+            await runners.kill_group(proc)
+            processes.drain_available(proc, lambda p: self._followers.output_arrived(p.process_id))
+            snapshot = runners.snapshot(proc)
+        except Exception:
+            # Whether the group is gone can no longer be known: a call still running ends
+            # `unknown`, and the stop is over (what waits for it is not held forever).
+            self._failed("killing the command's process group", proc.process_id)
+            self._feed(ToolFailed(proc.process_id))
+            snapshot = _gone(proc.process_id)
+        self._feed(GroupStopped(proc.process_id, snapshot))
+
+    def _failed(self, what: str, call_id: str) -> None:
+        log.exception("%s failed", what, extra={"chat_id": self.chat_id, "call_id": call_id})
 
     def mark_timed_out(self, effect: MarkTimedOut) -> None:
         proc = self.processes.get(effect.call_id)
@@ -336,6 +368,31 @@ class ChatWork:
         scope = self._timers.pop(effect.key, None)
         if scope is not None:
             scope.cancel()
+
+
+# How long a command whose reaper failed is waited for after its SIGKILL (SIGKILL ends a
+# process within milliseconds; this only bounds a wait that has already failed once).
+GIVE_UP_REAP_S = 1.0
+
+
+async def _give_up(proc: processes.ProcessRecord, table: processes.ProcessTable) -> None:
+    """A command whose exit can no longer be waited for: its group is killed, so nothing of it
+    runs on unseen, it is reaped if it can be, and it counts as exited, so that nothing waits
+    for it forever (a cancel's stop, a close, the shutdown: all wait for `exited`)."""
+    pid = proc.handle.pid
+    with contextlib.suppress(Exception):
+        proc.handle.signal_group(signal.SIGKILL)
+    with trio.move_on_after(GIVE_UP_REAP_S):
+        while pid is not None:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:  # noqa: ASYNC222 - WNOHANG never blocks
+                    break
+            except ChildProcessError:
+                break  # reaped already, or not ours to reap
+            await trio.sleep(0.01)
+    proc.exited.set()
+    table.exited(proc)
+    proc.notify()
 
 
 def _gone(call_id: str) -> ProcessSnapshot:

@@ -13,7 +13,7 @@ as a key and hands it back in effects.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -242,6 +242,16 @@ class ResultsRead:
 
 
 @dataclass(frozen=True, slots=True)
+class ResultsReadFailed:
+    """The journal could not give back the saved results of `call_ids` (the read failed
+    after its retries, or their rows are gone; the shell logged why); `results` holds what it
+    did read of the same read-back."""
+
+    call_ids: tuple[str, ...]
+    results: dict[str, Result] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Restored:
     """One record rebuilt from the journal after a restart."""
 
@@ -264,6 +274,11 @@ class ClosedRestored:
 @dataclass(frozen=True, slots=True)
 class CloseDurable:
     """The journal holds the chat's close row: its `chat_closed` may be sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFailed:
+    """The journal refused the chat's close row (the shell logged why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,10 +320,12 @@ Input = (
     | GateExpired
     | KillAfter
     | ResultsRead
+    | ResultsReadFailed
     | Restored
     | ApprovalRestored
     | ClosedRestored
     | CloseDurable
+    | CloseFailed
     | Shutdown
     | Sweep
 )

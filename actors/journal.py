@@ -30,10 +30,13 @@ import heapq
 import itertools
 import logging
 import math
+import os
 import queue
 import sqlite3
+import sys
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -92,11 +95,39 @@ COMMIT_AVERAGE_WEIGHT = 0.1
 # each checkpoint, and a commit that does not grow the file is about twice as fast to fsync.
 CHECKPOINT_PAGES = 1000
 
+# A batch that fails is tried again one change at a time, so that a change SQLite refuses on
+# its own (a corrupt page under its key, a row past SQLite's length limit) fails only its own
+# call. When every change of it fails, a probe write tells a journal that refuses these changes
+# from one that cannot write at all (a full disk, an I/O error, a file made read-only); the
+# probe is tried again after these pauses before the journal gives up and the agent stops: a
+# disk full for a moment (a log being rotated) costs the waiting calls about half a second, not
+# every command of the agent. (SQLite's own busy handler likewise retries for a bounded time.)
+WRITE_RETRY_DELAYS_S = (0.1, 0.4)
+
+# A commit checks that the journal's files are still the ones at its path (deleted or
+# replaced under a running agent: see `_replaced`) before it counts as durable, unless the last
+# check was less than IDENTITY_CHECK_MIN_GAP_S ago. The check is two stat calls, 5-40 µs on the
+# 2-core benchmark machine against 100-250 µs for a commit; checked at every commit, it took
+# 8-23% of a stream of back-to-back commits, at most a hundred a second 0.3%. So every commit of
+# an agent at rest checks (no call's start counts that went into a journal already gone), and a
+# journal lost under a busy agent is found within 10 ms of commits. While no commit runs, the
+# journal checks every IDENTITY_CHECK_INTERVAL_S, so that an idle agent does not run on for
+# long on a journal that is gone.
+IDENTITY_CHECK_MIN_GAP_S = 0.01
+IDENTITY_CHECK_INTERVAL_S = 5.0
+
+# How many refused changes the journal remembers, for `failed(seq)`: the chats ask right after
+# the commit that refused them, so only the newest matter.
+FAILED_CHANGES_KEPT = 4096
+
 _Batch = list[tuple[int, str, tuple[Any, ...]]]
+# A change the journal refused, with SQLite's error.
+_Refused = list[tuple[tuple[int, str, tuple[Any, ...]], Exception]]
 
 
 class JournalError(Exception):
-    """The journal cannot be opened or read: the agent must stop, never silently reset."""
+    """The journal cannot be opened, read or written: the agent must stop, never silently
+    reset."""
 
 
 class CommitWaiters:
@@ -136,6 +167,9 @@ class Journal(ABC):
     keeps_results = False
     # How long each group commit took (`toolwire_journal_commit_seconds`); None: never commits.
     commit_durations: Durations | None = None
+    # Called (on the loop, with `failure`) the moment the journal can no longer write, before
+    # any change is failed: the agent says why and stops taking requests first (agent.py).
+    on_failure: Callable[[str], None] | None = None
 
     @abstractmethod
     def write(self, row: JournalRow) -> int:
@@ -183,13 +217,24 @@ class Journal(ABC):
     @abstractmethod
     def is_durable(self, seq: int) -> bool: ...
 
+    def failed(self, seq: int) -> BaseException | None:
+        """Why change `seq` will never be durable (the journal refused it, or can no longer
+        write at all), or None: it is durable, or may still become so."""
+        return None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the journal can no longer write at all (None while it can): every change from
+        then on is refused, and the agent must stop (actors/agent.py)."""
+        return None
+
     @abstractmethod
     async def wait_durable(self, seq: int) -> None: ...
 
     def when_durable(self, seq: int, fn: Callable[[], None]) -> None:
-        """Call `fn` (synchronously, on the loop) once change `seq` is durable: right after the
-        commit that covers it, together with every other callback that commit covers, or at
-        once when it is durable already. Never called if the agent dies first."""
+        """Call `fn` (synchronously, on the loop) once change `seq` is durable or `failed`:
+        right after the commit that covers it, together with every other callback that commit
+        covers, or at once when it is durable already. Never called if the agent dies first."""
         fn()
 
     @abstractmethod
@@ -290,6 +335,48 @@ _APPROVE_TOOL = "INSERT OR IGNORE INTO chat_approvals (chat_id, tool) VALUES (?,
 _FORGET_APPROVALS = "DELETE FROM chat_approvals WHERE chat_id = ?"
 _MARK_CLOSED = "INSERT OR IGNORE INTO closed_chats (chat_id, closed_at_ms) VALUES (?, ?)"
 _FORGET_CLOSED = "DELETE FROM closed_chats WHERE chat_id = ?"
+# A write of nothing that matters, to tell "these changes are refused" from "nothing can be
+# written" (WRITE_RETRY_DELAYS_S); also the check at open that the journal can be written.
+_PROBE = (
+    "INSERT INTO meta (key, value) VALUES ('probed_at_ms', ?) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+# What each kind of change is, for the log line of one the journal refused, and what losing
+# it means (the row on disk stays as it was before it).
+_WHAT: dict[str, tuple[str, str]] = {
+    _UPSERT: ("the row of", "the call is ended by its chat"),
+    _TOUCH: ("the touch of", "after a restart its age counts from its previous touch"),
+    _DELETE: ("the delete of", "after a restart the record comes back with its saved result"),
+    _APPROVE_TOOL: (
+        "the chat-wide approval of",
+        "after a restart that tool's calls ask for approval again",
+    ),
+    _FORGET_APPROVALS: ("forgetting the approvals of", "recovery drops them at the next start"),
+    _MARK_CLOSED: ("the close of", "after a restart the chat is open again"),
+    _FORGET_CLOSED: ("the reopening of", "recovery drops the close at the next start"),
+}
+
+
+def _describe(op: tuple[int, str, tuple[Any, ...]]) -> tuple[str, str, str | None, str]:
+    """(what, chat_id, call_id or None, consequence) of one queued change."""
+    _, sql, params = op
+    what, consequence = _WHAT.get(sql, ("a change of", ""))
+    if sql is _UPSERT or sql is _DELETE:
+        return what, str(params[0]), str(params[1]), consequence
+    if sql is _TOUCH:
+        return what, str(params[1]), str(params[2]), consequence
+    if sql is _APPROVE_TOOL:
+        return f"{what} {params[1]} in", str(params[0]), None, consequence
+    return what, str(params[0]) if params else "", None, consequence
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 class SqliteJournal(Journal):
@@ -324,7 +411,19 @@ class SqliteJournal(Journal):
         # Set (from the writer thread, through the trio token) when a commit landed or failed:
         # one event per commit.
         self._landed = trio.Event()
+        # What the writer thread reports with it: the changes it refused, and the error that
+        # ended the journal's writing (None: it writes on).
+        self._landing: tuple[_Refused, BaseException | None] = ([], None)
+        # Set once the journal can no longer write at all (every change from then on is
+        # refused), with `failure` saying why; the agent stops then (`on_failure`).
         self._failed: BaseException | None = None
+        self._failure: str | None = None
+        # Changes refused one by one (the journal still writes others): seq -> SQLite's error.
+        self._refused: dict[int, BaseException] = {}
+        self.write_retry_delays_s = WRITE_RETRY_DELAYS_S
+        self.identity_check_interval_s = IDENTITY_CHECK_INTERVAL_S
+        self.identity_check_min_gap_s = IDENTITY_CHECK_MIN_GAP_S
+        self._identity_checked_at = -math.inf  # time.monotonic() of the last check
         self.commit_durations = Durations()
         # Commits on the loop's thread (see INLINE_MAX_ROWS); a test sets `inline_max_rows` to
         # 0 to send every commit through the writer thread.
@@ -333,14 +432,41 @@ class SqliteJournal(Journal):
         self._commit_average_s = 0.0
         self.inline_commits = 0
         self.thread_commits = 0
+        # Whether this start created the journal file, and whether the state dir shows it
+        # last held another one (see `_check_lineage`).
+        try:
+            self.created = not path.exists()
+        except OSError:
+            self.created = False  # _open names the problem
         self._db = self._open(path, sync)
+        self.lineage_broken = self._check_lineage()
+        # The files SQLite has open, as (st_dev, st_ino): a journal deleted or replaced under
+        # the agent is found by comparing them with what the paths name now (`_replaced`).
+        self._wal_path = path.with_name(path.name + "-wal")
+        self._identities = [
+            (where, found)
+            for where in (path, self._wal_path)
+            if (found := _identity(where)) is not None
+        ]
 
     @staticmethod
     def _open(path: Path, sync: str) -> sqlite3.Connection:
         # Records hold commands, args and outputs: private to this user, like the token.
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not path.exists():
-            path.touch(mode=0o600)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not path.exists():
+                path.touch(mode=0o600)
+            if not path.is_file():
+                raise JournalError(f"journal {path} is not a file")
+            for where in (path, path.parent):
+                # SQLite would open a read-only file read-only and fail only at the first
+                # write; the WAL and its index are created next to the file.
+                if not os.access(where, os.W_OK):
+                    raise JournalError(
+                        f"journal {path} cannot be written: {where} is read-only for this user"
+                    )
+        except OSError as exc:
+            raise JournalError(f"journal {path} cannot be created: {_os_error(exc)}") from exc
         try:
             db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             # WAL: readers never block the writer, and a commit is one append + fsync.
@@ -388,11 +514,61 @@ class SqliteJournal(Journal):
                 )
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"journal {path} is unreadable: {exc}") from exc
+        try:
+            # A journal that can be read but not written (a read-only file, directory or
+            # mount; a full disk) fails the start here, before "ready", never at the first
+            # call.
+            db.execute(_PROBE, (int(time.time() * 1000),))
+        except sqlite3.Error as exc:
+            db.close()
+            raise JournalError(f"journal {path} cannot be written: {exc}") from exc
         return db
 
+    def _check_lineage(self) -> bool:
+        """Whether this journal is not the one the state dir last used: True, with a warning,
+        when the id file next to it names another journal (deleted and created anew, or
+        replaced by a copy). Each journal gets an id when it is created, kept in its `meta`
+        table and in `<journal>.id`; the next start compares the two. "0 records recovered"
+        after a journal was lost then does not pass for a first start."""
+        marker = self.path.with_name(self.path.name + ".id")
+        try:
+            found = self._db.execute("SELECT value FROM meta WHERE key = 'journal_id'").fetchone()
+            if found is None:
+                journal_id = str(uuid.uuid4())
+                self._db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('journal_id', ?)", (journal_id,)
+                )
+            else:
+                journal_id = str(found[0])
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {self.path} cannot be written: {exc}") from exc
+        try:
+            seen = marker.read_text().strip() if marker.exists() else ""
+            if seen != journal_id:
+                temporary = marker.with_name(marker.name + ".tmp")
+                temporary.write_text(journal_id + "\n")
+                temporary.replace(marker)
+        except OSError as exc:
+            raise JournalError(
+                f"journal {self.path}: its id file cannot be written: {_os_error(exc)}"
+            ) from exc
+        if seen and seen != journal_id:
+            how = "a new, empty journal file was created" if self.created else "another file"
+            log.warning(
+                "journal %s is not the journal this state dir last used (%s, where journal %s "
+                "was): the calls saved before are not in it, so a repeat of one of their ids "
+                "runs again",
+                self.path,
+                how,
+                seen,
+                extra={"journal": str(self.path), "journal_id": journal_id, "was": seen},
+            )
+            return True
+        return False
+
     def _queue(self, sql: str, params: tuple[Any, ...]) -> int:
-        if self._failed is not None:
-            raise JournalError(f"journal {self.path} failed: {self._failed}") from self._failed
+        if self._failure is not None:
+            raise JournalError(self._failure) from self._failed
         self._queued_seq += 1
         self._ops.append((self._queued_seq, sql, params))
         self._wakeup.set()
@@ -442,17 +618,33 @@ class SqliteJournal(Journal):
         return self._queued_seq
 
     def is_durable(self, seq: int) -> bool:
-        return seq <= self._durable_seq
+        return seq <= self._durable_seq and not (self._refused and seq in self._refused)
+
+    def failed(self, seq: int) -> BaseException | None:
+        if self._refused:
+            found = self._refused.get(seq)
+            if found is not None:
+                return found
+        if self._failed is not None and seq > self._durable_seq:
+            return self._failed
+        return None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
 
     async def wait_durable(self, seq: int) -> None:
         while seq > self._durable_seq:
-            if self._failed is not None:
-                raise JournalError(f"journal {self.path} failed: {self._failed}")
+            if self._failure is not None:
+                raise JournalError(self._failure) from self._failed
             await self._committed.wait()
+        refused = self.failed(seq)
+        if refused is not None:
+            raise JournalError(f"journal {self.path} refused change {seq}: {refused}")
         await trio.lowlevel.checkpoint()
 
     def when_durable(self, seq: int, fn: Callable[[], None]) -> None:
-        if seq <= self._durable_seq:
+        if seq <= self._durable_seq or self._failed is not None:
             fn()
         else:
             self._waiters.add(seq, fn)
@@ -477,8 +669,8 @@ class SqliteJournal(Journal):
             raise JournalError(f"journal {self.path} is unreadable: {exc}") from exc
 
     async def read_results(self, keys: Sequence[tuple[str, str]]) -> list[Result | None]:
-        if self._failed is not None:
-            raise JournalError(f"journal {self.path} failed: {self._failed}") from self._failed
+        if self._failure is not None:
+            raise JournalError(self._failure) from self._failed
         if not keys:
             return []
         # A worker thread, like the commits: even a point read may wait for the disk, and the
@@ -515,7 +707,14 @@ class SqliteJournal(Journal):
         try:
             while True:
                 if not self._ops:
-                    await self._wakeup.wait()
+                    with trio.move_on_after(self.identity_check_interval_s) as idle:
+                        await self._wakeup.wait()
+                    if idle.cancelled_caught:
+                        replaced = self._replaced()
+                        if replaced is not None:
+                            self._fail(JournalError(replaced))
+                            return
+                        continue
                     self._wakeup = trio.Event()
                     continue
                 if self._may_commit_inline(len(self._ops)) and not _loop_idle():
@@ -530,10 +729,11 @@ class SqliteJournal(Journal):
                 checkpoint = self._wal_pages >= CHECKPOINT_PAGES
                 if checkpoint:
                     self._wal_pages = 0
+                landing = None
                 if not checkpoint and self._may_commit_inline(len(batch)) and _loop_idle():
-                    self._commit_inline(batch)
-                    del batch
-                else:
+                    # None: it failed, and the writer thread tries again (WRITE_RETRY_DELAYS_S).
+                    landing = self._commit_inline(batch)
+                if landing is None:
                     self._thread_idle = False
                     self._batches.put((batch, checkpoint))
                     del batch  # the thread's now; not kept here while idle (megabytes of rows)
@@ -542,11 +742,16 @@ class SqliteJournal(Journal):
                     with trio.CancelScope(shield=True):
                         await self._landed.wait()
                     self._landed = trio.Event()
-                if self._failed is not None:
-                    self._committed.set()
-                    raise JournalError(
-                        f"journal {self.path}: write failed: {self._failed}"
-                    ) from self._failed
+                    landing = self._landing
+                else:
+                    del batch
+                refused, fatal = landing
+                self._landing = ([], None)
+                for op, error in refused:
+                    self._refuse(op, error)
+                if fatal is not None:
+                    self._fail(fatal)
+                    return
                 self._durable_seq = last
                 self._committed.set()
                 self._committed = trio.Event()
@@ -570,15 +775,128 @@ class SqliteJournal(Journal):
             and self._commit_average_s < self.inline_max_commit_s
         )
 
-    def _commit_inline(self, batch: _Batch) -> None:
+    def _commit_inline(self, batch: _Batch) -> tuple[_Refused, BaseException | None] | None:
         started = time.perf_counter()
         try:
             self._commit(batch)
-        except sqlite3.Error as exc:
-            self._failed = exc
-            return
+        except Exception:
+            self._roll_back()
+            return None
         self.inline_commits += 1
         self._commit_took(time.perf_counter() - started)
+        replaced = self._replaced_lately()
+        return [], None if replaced is None else JournalError(replaced)
+
+    def _commit_or_refuse(self, batch: _Batch) -> tuple[float | None, _Refused, Exception | None]:
+        """On the writer thread: commit the batch, or else each of its changes that SQLite
+        takes (WRITE_RETRY_DELAYS_S). Returns the commit's duration (None: it failed), the
+        changes refused, and the error that ends the journal's writing (None: it writes)."""
+        started = time.perf_counter()
+        try:
+            self._commit(batch)
+        except Exception as exc:
+            self._roll_back()
+            refused, fatal = self._commit_one_by_one(batch, exc)
+            return None, refused, fatal
+        seconds = time.perf_counter() - started
+        # After the commit, before it counts as durable: a commit that went into a file no
+        # longer at the journal's path is lost at the next start, and no effect may follow it.
+        replaced = self._replaced_lately()
+        return seconds, [], None if replaced is None else JournalError(replaced)
+
+    def _commit_one_by_one(
+        self, batch: _Batch, error: Exception
+    ) -> tuple[_Refused, Exception | None]:
+        for delay in (0.0, *self.write_retry_delays_s):
+            if delay:
+                time.sleep(delay)  # the writer thread's own: the loop and the reads go on
+            refused: _Refused = []
+            for op in batch:
+                try:
+                    self._commit([op])
+                except Exception as exc:
+                    self._roll_back()
+                    refused.append((op, exc))
+            if len(refused) < len(batch) or self._probe() is None:
+                replaced = self._replaced()
+                return refused, None if replaced is None else JournalError(replaced)
+            error = refused[-1][1]
+        return [], error
+
+    def _probe(self) -> Exception | None:
+        try:
+            self._commit([(0, _PROBE, (int(time.time() * 1000),))])
+        except Exception as exc:
+            self._roll_back()
+            return exc
+        return None
+
+    def _roll_back(self) -> None:
+        """Leave no transaction open after a failed commit (SQLite rolls back some errors
+        itself, not all): the next commit then starts clean."""
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("rolling back a failed commit of the journal %s failed", self.path)
+
+    def _replaced_lately(self) -> str | None:
+        """`_replaced`, unless it was checked less than `identity_check_min_gap_s` ago."""
+        now = time.monotonic()
+        if now - self._identity_checked_at < self.identity_check_min_gap_s:
+            return None
+        self._identity_checked_at = now
+        return self._replaced()
+
+    def _replaced(self) -> str | None:
+        """Why the journal's files are no longer the ones at its path (deleted, moved away or
+        replaced under the agent), or None. SQLite would go on writing into the unlinked
+        file, and the next start would find an empty journal and run old calls again."""
+        for where, identity in self._identities:
+            try:
+                now = _identity(where)
+            except OSError as exc:
+                return f"journal {self.path}: {where} cannot be checked: {_os_error(exc)}"
+            if now is None:
+                return f"journal {self.path}: {where} was deleted under the running agent"
+            if now != identity:
+                return f"journal {self.path}: {where} was replaced under the running agent"
+        return None
+
+    def _refuse(self, op: tuple[int, str, tuple[Any, ...]], error: BaseException) -> None:
+        """On the loop: one change the journal refused while it writes others. Its chat is
+        told through `failed(seq)` (a row or a close it waits for); every refusal is logged
+        here, with what losing it means."""
+        refused = self._refused
+        refused[op[0]] = error
+        if len(refused) > FAILED_CHANGES_KEPT:
+            del refused[next(iter(refused))]
+        what, chat_id, call_id, consequence = _describe(op)
+        where = f"chat {chat_id!r}" if call_id is None else f"{chat_id}/{call_id}"
+        log.error(
+            "the journal refused %s %s (%s); %s",
+            what,
+            where,
+            error,
+            consequence,
+            extra={"chat_id": chat_id, "call_id": call_id},
+        )
+
+    def _fail(self, error: BaseException) -> None:
+        """On the loop: the journal can no longer write. Every change not yet durable is
+        failed (its waiters are released and see `failed(seq)`), every later one refused; the
+        agent, told first through `on_failure`, stops."""
+        self._failed = error
+        text = str(error)
+        self._failure = (
+            text
+            if text.startswith(f"journal {self.path}")
+            else (f"journal {self.path} cannot be written: {text}")
+        )
+        if self.on_failure is not None:
+            self.on_failure(self._failure)
+        self._committed.set()
+        self._waiters.release(sys.maxsize)
 
     def _commit_took(self, seconds: float) -> None:
         self.commit_durations.observe(seconds)
@@ -591,18 +909,12 @@ class SqliteJournal(Journal):
                 return
             batch, checkpoint = job
             del job
-            started = time.perf_counter()
-            seconds: float | None = None
-            try:
-                self._commit(batch)
-                seconds = time.perf_counter() - started
-            except sqlite3.Error as exc:
-                self._failed = exc
+            seconds, refused, fatal = self._commit_or_refuse(batch)
             del batch
             try:
                 # The commit's waiters go first: the checkpoint after it delays none of them.
                 checkpoint = checkpoint and seconds is not None  # none after a failed commit
-                token.run_sync_soon(self._on_landed, seconds, not checkpoint)
+                token.run_sync_soon(self._on_landed, seconds, not checkpoint, refused, fatal)
                 if checkpoint:
                     self._checkpoint()
                     token.run_sync_soon(self._on_thread_idle)
@@ -617,7 +929,13 @@ class SqliteJournal(Journal):
         except sqlite3.Error:
             log.exception("checkpointing the journal %s failed", self.path)
 
-    def _on_landed(self, seconds: float | None, idle: bool) -> None:
+    def _on_landed(
+        self,
+        seconds: float | None,
+        idle: bool,
+        refused: _Refused,
+        fatal: BaseException | None,
+    ) -> None:
         # On the loop: the event the writer task waits on now (it replaces it after waking),
         # and the commit's duration (None: it failed) for toolwire_journal_commit_seconds,
         # observed here so that the histogram is only ever touched from the trio thread.
@@ -625,6 +943,7 @@ class SqliteJournal(Journal):
             self.thread_commits += 1
             self._commit_took(seconds)
         self._thread_idle = idle
+        self._landing = (refused, fatal)
         self._landed.set()
 
     def _on_thread_idle(self) -> None:
@@ -669,6 +988,12 @@ class SqliteJournal(Journal):
             self._reader.close()
             self._reader = None
         self._db.close()
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError in one line: its text and, when it names one, the file."""
+    text = exc.strerror or str(exc)
+    return f"{text}: {exc.filename}" if exc.filename else text
 
 
 def _loop_idle() -> bool:

@@ -61,7 +61,7 @@ class TokenRefused(SystemExit):
     """`toolwire serve` stops before its port opens; the message says why, on one line."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(f"toolwire: {message}")
+        super().__init__(f"toolwire serve: {message}")
 
 
 def token_bits(token: str) -> tuple[float, str, float]:
@@ -189,6 +189,16 @@ def resolve_token(
     if env_token:
         return check_token(env_token, "in TOOLWIRE_TOKEN"), "from TOOLWIRE_TOKEN"
     private_state_dir(state_dir)
+    try:
+        return _token_in_state_dir(state_dir)
+    except OSError as exc:  # a state dir this user cannot enter or write: one line
+        raise TokenRefused(
+            f"cannot use state dir {state_dir}: {exc.strerror}: {exc.filename}"
+        ) from None
+
+
+def _token_in_state_dir(state_dir: Path) -> tuple[str, str]:
+    """The state dir's token, generated when missing or empty."""
     path = state_dir / "token"
     if path.exists() and path.stat().st_size > 0:
         token = read_token_file(path, f"in {path} (delete it to have a new one generated)")

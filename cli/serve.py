@@ -15,7 +15,7 @@ import trio
 
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.command_env import command_environment
-from toolwire.actors.journal import open_journal
+from toolwire.actors.journal import JournalError, open_journal
 from toolwire.cli.agent_token import private_state_dir, resolve_token
 from toolwire.cli.private_process import forget_secrets, make_undumpable
 from toolwire.transport.server import Server, ServerConfig
@@ -63,7 +63,7 @@ def ssl_context(options: ServeOptions) -> ssl.SSLContext | None:
     if options.tls_cert is None and options.tls_key is None:
         return None
     if options.tls_cert is None or options.tls_key is None:
-        raise SystemExit("toolwire: --tls-cert and --tls-key go together")
+        raise SystemExit("toolwire serve: --tls-cert and --tls-key go together")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(options.tls_cert, options.tls_key)
     return context
@@ -82,7 +82,7 @@ async def serve(options: ServeOptions) -> None:
     tls = ssl_context(options)
     workspace = options.workspace.resolve()
     if not workspace.is_dir():
-        raise SystemExit(f"toolwire: workspace {workspace} is not a directory")
+        raise SystemExit(f"toolwire serve: workspace {workspace} is not a directory")
     if token is None:
         log.warning(
             "authentication is DISABLED (--insecure-no-auth); anyone who can reach this port "
@@ -124,6 +124,7 @@ async def serve(options: ServeOptions) -> None:
             nursery.start_soon(
                 _stop_on_signal, signals, server, nursery.cancel_scope, ctx.kill_grace_s
             )
+            nursery.start_soon(_end_when_stopped_by_failure, server, nursery.cancel_scope)
             # Where the token came from (a file path or the variable), never the token itself.
             log.info("token", extra={"token_source": token_source})
             if undumpable is False:
@@ -140,6 +141,7 @@ async def serve(options: ServeOptions) -> None:
                 f"journal {options.journal}"
                 + (
                     f" at {where} (sync {options.sync}), {agent.recovered} records recovered"
+                    + (" (a new journal file)" if getattr(journal, "created", False) else "")
                     if where
                     else ""
                 ),
@@ -147,6 +149,16 @@ async def serve(options: ServeOptions) -> None:
             )
             log.info("ready", extra={"port": port})
             print(f"toolwire listening on {scheme}://{options.host}:{port}/v1", flush=True)
+    if agent.failure is not None:
+        # The stop is over (commands stopped, connections closed with 1011): exit 1 with
+        # the reason on stderr (cli/main.py), as for a journal that failed at start.
+        raise JournalError(agent.failure)
+
+
+async def _end_when_stopped_by_failure(server: Server, scope: trio.CancelScope) -> None:
+    """The agent's journal failed and the server stopped it in order: end the process."""
+    await server.stopped_by_failure.wait()
+    scope.cancel()
 
 
 async def _stop_on_signal(

@@ -26,6 +26,7 @@ from toolwire.actors.effects import (
     CallEnded,
     CancelTimer,
     ClosedRestored,
+    CloseFailed,
     Deadline,
     Detach,
     Effect,
@@ -52,6 +53,7 @@ from toolwire.actors.effects import (
     ReadBack,
     Restored,
     ResultsRead,
+    ResultsReadFailed,
     RunTool,
     Send,
     SendReplay,
@@ -177,6 +179,11 @@ class World:
         self.closed_row = False  # the chat's close (9.6) is committed
         self.pending_writes: list[Any] = []
         self.refusals = 0  # how many of the next journal writes fail
+        self.close_refusals = 0  # how many of the next close rows the journal refuses
+        self.close_refused = False  # a close row was refused: its chat_closed is not durable
+        # Calls a failed read-back answered `unknown` for, by life: that answer is not their
+        # saved result (which stays on disk, untouched), so it does not count as one.
+        self.unreadable: set[tuple[str, int]] = set()
         self.unsaved: set[tuple[str, int]] = set()  # results answered from memory only
         self.inbox: deque[Input] = deque()
         # Effects of calls, counted per life of a record (a forgotten record's id is new).
@@ -266,6 +273,10 @@ class World:
             elif isinstance(effect, JournalWrite) and self.refusals:
                 self.refusals -= 1  # the disk is full: the journal refuses this row
                 self.inbox.append(JournalFailed(effect.row.call_id))
+            elif isinstance(effect, JournalClose) and self.close_refusals:
+                self.close_refusals -= 1
+                self.close_refused = True
+                self.inbox.append(CloseFailed())
             elif isinstance(effect, JournalWrite):
                 self.pending_writes.append(
                     Written(effect.row, effect.then, self.life[effect.row.call_id])
@@ -458,7 +469,7 @@ class World:
             require(owed.closed <= owed.closes, "b.closed_unasked", "a chat_closed unasked")
             # A close a client was told of survives a restart (until the records are gone).
             require(
-                self.closed_row or not self.config.journal_enabled,
+                self.closed_row or self.close_refused or not self.config.journal_enabled,
                 "x.close_not_durable",
                 "chat_closed before the close was durable",
             )
@@ -490,6 +501,16 @@ class World:
     def check_result(self, call_id: str, result: Result) -> None:
         """Results never contradict each other, and none goes out before it is durable."""
         key = (call_id, self.life[call_id])
+        if key in self.unreadable and result.outcome is Outcome.UNKNOWN:
+            # Its read-back failed: answered `unknown` (the agent cannot say now), while the
+            # saved result stays on disk as it was, for a later repeat.
+            row = self.committed.get(call_id)
+            require(
+                result.text == TEXT_AGENT_FAILURE and row is not None and row.result is not None,
+                "b.unreadable_answer",
+                f"{call_id}: a failed read-back answered {result} (row {row})",
+            )
+            return
         seen = self.results_seen.setdefault(key, result)
         require(
             seen == result,
@@ -639,8 +660,14 @@ class World:
             fire = Deadline(fire.call_id, self.snapshot(fire.call_id) if proc else None)
         self.feed(fire)
 
-    def read_back(self) -> None:
+    def read_back(self, *, fails: bool = False) -> None:
         call_ids = self.reads.pop(0)
+        if fails:
+            # The journal's read failed, every retry too (the shell's part).
+            for call_id in call_ids:
+                self.unreadable.add((call_id, self.life[call_id]))
+            self.feed(ResultsReadFailed(call_ids))
+            return
         found = {}
         for call_id in call_ids:
             row = self.committed.get(call_id)

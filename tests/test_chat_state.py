@@ -40,14 +40,16 @@ from toolwire.actors.effects import (
     ToolEnded,
     TurnRequest,
 )
+from toolwire.actors.events import ResultEvent
 from toolwire.actors.results import (
+    TEXT_AGENT_FAILURE,
     TEXT_CANCELED_WHILE_RUNNING,
     TEXT_SHUTDOWN,
     Outcome,
     ToolReport,
     text_killed_after,
 )
-from toolwire.simulation.pure_world import World
+from toolwire.simulation.pure_world import World, Written
 
 CALL_IDS = ["k1", "k2", "k3", "k4"]
 # The tools the machine calls, by what they make the state machine do: a command (a process
@@ -187,6 +189,13 @@ class ChatStateMachine(RuleBasedStateMachine):
     def read_back(self) -> None:
         self.world.read_back()
 
+    @precondition(lambda self: self.world.reads)
+    @rule()
+    def read_back_fails(self) -> None:
+        """The journal cannot give the saved results back (issue 26): each delivery waiting
+        on them still gets one answer per call, `unknown`, and nothing is saved over them."""
+        self.world.read_back(fails=True)
+
     @rule(seconds=st.sampled_from([1.0, 15.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
         self.world.now += seconds
@@ -196,6 +205,10 @@ class ChatStateMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 2))
     def journal_refuses(self, n: int) -> None:
         self.world.refusals = n
+
+    @rule()
+    def journal_refuses_the_close(self) -> None:
+        self.world.close_refusals = 1
 
     @rule()
     def restart(self) -> None:
@@ -439,3 +452,37 @@ def test_when_a_stop_and_the_hard_deadline_meet_the_first_decides_the_result(
     else:
         assert result.outcome is Outcome.CANCELED and result.canceled and not result.timed_out
         assert result.text == (TEXT_SHUTDOWN if kind == "shutdown" else TEXT_CANCELED_WHILE_RUNNING)
+
+
+def test_a_failed_read_back_answers_unknown_once_and_the_saved_result_stays() -> None:
+    """Issue 26: the journal cannot give back a saved result. The repeat waiting on it gets
+    `unknown` with the agent-failure text (its `accepted` went out, so it must get a result),
+    nothing is written over the saved row, and the next repeat reads the real result."""
+    world = World(journal_keeps_results=True, cache_entries=0)
+    read = CallSpec("k1", "read_file", CALLS["read"][1])
+    world.request(CallRequest("a0", read, False, None))
+    world.commit(len(world.pending_writes))
+    saved = world.committed["k1"].result
+    assert saved is not None and saved.outcome is Outcome.COMPLETED
+    world.request(CallRequest("b0", read, False, None))
+    assert world.reads == [("k1",)] and world.owed["b0"].results["k1"] == 0
+    answers: list[Any] = []
+    sent = world.sent
+
+    def recording(conn: Any, event: Any) -> None:
+        answers.append(event)
+        sent(conn, event)
+
+    world.sent = recording  # type: ignore[method-assign]
+    world.read_back(fails=True)
+    results = [e.result for e in answers if isinstance(e, ResultEvent)]
+    assert [(r.outcome, r.text) for r in results] == [(Outcome.UNKNOWN, TEXT_AGENT_FAILURE)]
+    assert world.owed["b0"].results["k1"] == 1
+    assert not any(isinstance(w, Written) for w in world.pending_writes), "saved over it"
+    assert world.committed["k1"].result == saved
+    answers.clear()
+    world.request(CallRequest("b0", read, False, None))
+    world.read_back()
+    world.quiesce()
+    assert [e.result for e in answers if isinstance(e, ResultEvent)] == [saved]
+    world.check_all_answered()

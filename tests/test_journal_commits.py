@@ -119,8 +119,8 @@ async def test_a_long_run_of_writes_lands_whole_and_the_later_row_wins(tmp_path:
 
 async def test_an_idle_loop_commits_on_its_own_thread(tmp_path: Path) -> None:
     journal = SqliteJournal(tmp_path / "journal.sqlite3")
-    # Whatever the disk: on a busy machine a commit can take longer than the bound and rightly
-    # move to the thread, which is the next test's subject, not this one's.
+    # Idleness alone decides here: on a loaded machine a fresh WAL's first fsyncs take
+    # milliseconds, and a slow disk's own rule (the next test) would send commits to the thread.
     journal.inline_max_commit_s = float("inf")
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)

@@ -112,7 +112,7 @@ async def test_a_token_under_128_bits_is_refused_from_the_variable_and_from_a_fi
 ) -> None:
     line = await _refused(tmp_path, env={"TOOLWIRE_TOKEN": TOKEN[:-1]})
     assert line == (
-        "toolwire: the token in TOOLWIRE_TOKEN is too short: 31 characters of hex digits "
+        "toolwire serve: the token in TOOLWIRE_TOKEN is too short: 31 characters of hex digits "
         "count 124 bits (4 per character), and a token needs at least 128 (32 such "
         "characters; 32 hex digits or 22 base64 characters); make one with `openssl rand "
         "-hex 32`, or leave the token out to have one generated"
@@ -122,7 +122,7 @@ async def test_a_token_under_128_bits_is_refused_from_the_variable_and_from_a_fi
     token_file.write_text("hunter2\n")
     token_file.chmod(0o600)
     line = await _refused(tmp_path, "--token-file", str(token_file))
-    assert line.startswith(f"toolwire: the token in {token_file} is too short: 7 characters")
+    assert line.startswith(f"toolwire serve: the token in {token_file} is too short: 7 characters")
     line = await _refused(tmp_path, env={"TOOLWIRE_TOKEN": "two words" + TOKEN})
     assert "holds a space at position 4" in line
 
@@ -133,7 +133,7 @@ async def test_a_token_file_others_can_read_is_refused_and_left_unchanged(tmp_pa
     token_file.chmod(0o644)
     line = await _refused(tmp_path, "--token-file", str(token_file))
     assert line == (
-        f"toolwire: token file {token_file} has mode 0644: others can read it; make it "
+        f"toolwire serve: token file {token_file} has mode 0644: others can read it; make it "
         f"private (chmod 600 {token_file}) and, since it may have leaked, replace the token"
     )
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o644
@@ -161,7 +161,7 @@ async def test_a_state_dir_token_others_can_read_is_refused(tmp_path: Path) -> N
     (state / "token").write_text(TOKEN + "\n")
     (state / "token").chmod(0o640)
     line = await _refused(tmp_path)
-    assert line.startswith(f"toolwire: token file {state / 'token'} has mode 0640: others")
+    assert line.startswith(f"toolwire serve: token file {state / 'token'} has mode 0640: others")
     assert (state / "token").read_text() == TOKEN + "\n"  # neither replaced nor changed
 
 
@@ -187,7 +187,9 @@ async def test_a_state_dir_of_another_user_is_refused(tmp_path: Path) -> None:
     state.mkdir(mode=0o700)
     os.chown(state, 65534, 65534)
     line = await _refused(tmp_path)
-    assert line.startswith(f"toolwire: state dir {state} belongs to uid 65534, not to this user")
+    assert line.startswith(
+        f"toolwire serve: state dir {state} belongs to uid 65534, not to this user"
+    )
     assert not (state / "token").exists()
 
 

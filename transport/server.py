@@ -60,6 +60,13 @@ CLOSE_FLUSH_TIMEOUT_S = 1.0
 CLOSE_GOING_AWAY = 1001
 CLOSE_TOO_BIG = 1009
 CLOSE_KEEPALIVE = 1011
+CLOSE_INTERNAL_ERROR = 1011  # "an unexpected condition prevented the server" (RFC 6455 7.4.1)
+# Sent with 1011 when the agent stops because its journal cannot be written (a close reason
+# holds at most 123 bytes; the agent's log line names the file and the error).
+JOURNAL_FAILED_REASON = "the agent's journal cannot be written; the agent stops"
+# A stop for a failed journal gets what a SIGTERM gets (PROTOCOL.md 9.3): the groups' kill
+# grace, then this for the results and the closes.
+FAILURE_STOP_SLACK_S = 1.0
 
 
 @dataclass
@@ -86,11 +93,14 @@ class Server:
         self._connections: trio.Nursery | None = None
         self._closing = False
         self._metrics_page = MetricsPage(agent, lambda: len(self._sessions))
+        # Set once a stop for a failed journal is over (`toolwire serve` then exits 1).
+        self.stopped_by_failure = trio.Event()
 
     async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until shutdown() or cancellation; reports the bound port through `start`."""
         async with trio.open_nursery() as connections:
             self._connections = connections
+            connections.start_soon(self._stop_when_agent_fails)
             with trio.CancelScope() as listen_scope:
                 self._listen_scope = listen_scope
                 listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
@@ -100,24 +110,37 @@ class Server:
                     self.handle_connection, listeners, handler_nursery=connections
                 )
 
-    async def shutdown(self) -> None:
+    async def shutdown(
+        self, code: int = CLOSE_GOING_AWAY, reason: str = "agent shutting down"
+    ) -> None:
         """PROTOCOL.md 9.3: stop accepting connections and requests, stop every running call
         and process group and save their results durably (the agent's part), then close every
-        connection with 1001."""
+        connection with 1001 (or `code`)."""
         self._closing = True
         if self._listen_scope is not None:
             self._listen_scope.cancel()
-        if self.agent.ready:
+        if self.agent.ready or self.agent.failure is not None:
             await self.agent.shutdown()
         async with trio.open_nursery() as nursery:
             for session in list(self._sessions):
-                nursery.start_soon(session.close, CLOSE_GOING_AWAY, "agent shutting down")
+                nursery.start_soon(session.close, code, reason)
         if self._connections is not None:
             self._connections.cancel_scope.cancel()
+
+    async def _stop_when_agent_fails(self) -> None:
+        """The agent's journal can no longer write (the agent said why in its log, and
+        `/readyz` says 503 from that moment): stop as a SIGTERM stops, the running commands
+        with their kill grace, and close every connection with 1011 and the reason."""
+        await self.agent.wait_failed()
+        with trio.move_on_after(self.agent.ctx.kill_grace_s + FAILURE_STOP_SLACK_S):
+            await self.shutdown(CLOSE_INTERNAL_ERROR, JOURNAL_FAILED_REASON)
+        self.stopped_by_failure.set()
 
     # StatusSource: what /readyz and /metrics report (transport/http_status.py).
 
     def readiness(self) -> str | None:
+        if self.agent.failure is not None:
+            return "the agent's journal cannot be written; the agent stops"
         if self._closing:
             return "the agent is shutting down"
         if not self.agent.ready:
