@@ -30,6 +30,7 @@ from toolwire.benchmarks.scenarios import (
     journal,
     process,
     reqresp,
+    request_cost,
     scale,
     streaming,
     transport,
@@ -57,6 +58,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("bigwrite", "trivial calls while another chat writes 16 MiB files", bigwrite.run),
         Scenario(
             "interactive", "a one-line process_input to cat on a pty vs a raw pty", interactive.run
+        ),
+        Scenario(
+            "request_cost", "time per id of cancel, interrupt, turn, close_chat", request_cost.run
         ),
     )
 }
