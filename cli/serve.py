@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.context import Limits
 from toolwire.actors.journal import open_journal
 from toolwire.transport.server import Server, ServerConfig
 
@@ -41,6 +42,7 @@ class ServeOptions:
     journal: str = "sqlite"
     allowed_origins: frozenset[str] = frozenset()
     sync: str = "full"  # the SQLite journal's synchronous level (actors.journal.SYNC_LEVELS)
+    limits: Limits = field(default_factory=Limits)
 
 
 def default_state_dir() -> Path:
@@ -120,6 +122,7 @@ async def serve(options: ServeOptions) -> None:
         approve_tools=options.approve,
         approval_timeout_s=options.approval_timeout_s,
         journal=journal,
+        limits=options.limits,
     )
     agent = Agent(ctx)
     server = Server(
