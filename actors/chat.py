@@ -71,6 +71,7 @@ class ChatActor:
             chat_id,
             config if config is not None else ctx.chat_config(),
             results if results is not None else ResultCache(),
+            ctx.budget,
         )
         self.processes = processes.ProcessTable(
             ctx.backend,
@@ -205,11 +206,15 @@ class ChatActor:
 
     def _drain(self, effects: list[fx.Effect]) -> None:
         self._draining = True
+        inbox = self._inbox
+        # Read by index, dropped at the end: `pop(0)` would move the whole list each time,
+        # quadratic when one commit makes thousands of rows durable (issue 27).
+        applied = 0
         try:
             self._carry_out(effects)
-            inbox = self._inbox
-            while inbox:
-                event = inbox.pop(0)
+            while applied < len(inbox):
+                event = inbox[applied]
+                applied += 1
                 try:
                     effects = self.state.handle(event, trio.current_time(), self.ctx.wall_ms())
                 except Exception:
@@ -220,6 +225,7 @@ class ChatActor:
                     continue
                 self._carry_out(effects)
         finally:
+            del inbox[:applied]
             self._draining = False
         work = self._work
         if work is not None and work.idle and not self._tasks.busy:

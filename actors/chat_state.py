@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from toolwire.actors import call_results, planner
+from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
 from toolwire.actors.effects import (
     AlreadyExited,
@@ -148,6 +149,17 @@ _CLOSE_QUEUED = 1
 _CLOSE_DURABLE = 2
 
 
+# Ids one request may name: a `cancel`'s call_ids, a `turn`'s calls. Every path of this module
+# is linear in what a request names (issue 27: a 20,000-id cancel once froze every chat for
+# 28 s), and this bounds the line itself: at about 30 us an id, inside the agent and out,
+# 1,000 ids hold the loop some 30 ms, well under the 100 ms a trivial call in another chat may
+# wait. A model's turn holds a handful of calls, a cancel names what one turn started, and
+# `interrupt`/`close_chat` end everything without naming it. Precedent: S3's DeleteObjects
+# takes at most 1,000 keys a request, and Redis's MSET docs warn off unbounded argument lists
+# for the same reason (one command holds the only thread). Reported in `welcome.limits`.
+MAX_IDS_PER_REQUEST = 1_000
+
+
 @dataclass(frozen=True)
 class ChatConfig:
     """What every chat of one agent shares: policy and limits, no clocks and no I/O."""
@@ -162,6 +174,7 @@ class ChatConfig:
     journal_enabled: bool = False
     # The journal holds results: a published result leaves the heap (see `ResultCache`).
     journal_keeps_results: bool = False
+    max_ids_per_request: int = MAX_IDS_PER_REQUEST
 
 
 @dataclass(eq=False, slots=True)
@@ -242,9 +255,19 @@ class TurnState:
     # One entry per `turn` request made while the turn runs: each gets its own turn_result.
     followers: list[Conn] = field(default_factory=list)
     segment: int = -1  # the segment running now
+    # How many calls of the running segment, from its first, are known to be published (a
+    # published call stays so while the turn pins it): each is checked once, not on every
+    # result of the segment.
+    segment_published: int = 0
     advancing: bool = False  # `_next_segment` is starting a segment
+    to_advance: bool = False  # queued in the chat's `_to_advance` for this input
     running: int = 0  # calls holding one of its MAX_PARALLEL_CALLS slots
     waiting: deque[str] = field(default_factory=deque)  # launched, waiting for a slot
+    # Which of `waiting` still wait: a call that ended while it waited (canceled) leaves this
+    # at once and is skipped when its turn in `waiting` comes (no O(n) deque.remove).
+    still_waiting: set[str] = field(default_factory=set)
+    # `call_ids` as a set: "is this call one of the turn's" in O(1), not a scan per call.
+    members: frozenset[str] = frozenset()
     # Every call has its published result. The results stay with the records (and the
     # journal): a repeated turn reads them from there, so a finished turn holds none.
     finished: bool = False
@@ -263,12 +286,55 @@ class _Delivery:
     send: Callable[[list[Result]], list[Effect]]
 
 
+# What a pending reply can wait on besides a call: a turn (the `TurnState` itself) or the
+# chat's close row (this key).
+_CLOSE_ROW_KEY = ("close row",)
+
+# What a pending reply is blocked on now (a call id, a turn, `_CLOSE_ROW_KEY`), or None: it
+# may go out.
+_Blocker = str | TurnState | tuple[str] | None
+
+
 @dataclass(eq=False, slots=True)
 class _PendingReply:
-    """A cancel_result or interrupted that waits until what it reports on is over."""
+    """A cancel_result, interrupted, chat_closed or the shutdown's end that waits until what it
+    reports on is over. `blocker` says what it waits on now, or None once it may go out; it is
+    asked again only when that thing changes (`_ReplyBook`), so a reply costs what it waits on,
+    never the number of other replies pending."""
 
-    ready: Callable[[], bool]
+    seq: int
+    blocker: Callable[[], _Blocker]
     fire: Callable[[], None]
+
+
+class _ReplyBook:
+    """The pending replies of one chat, filed by what each is blocked on.
+
+    Issue 27: a 20,000-id cancel used to rescan every pending reply after every input (and
+    `list.remove` each one sent), quadratic in the ids; every chat of the agent froze for 28 s.
+    Here an input wakes only the replies filed under what it changed (its call, a turn that
+    ended, the close row), so the work is linear in what the requests named."""
+
+    __slots__ = ("by_blocker", "count", "next_seq", "woken")
+
+    def __init__(self) -> None:
+        self.by_blocker: dict[object, list[_PendingReply]] = {}
+        # Replies to ask again at the end of this input, by request order.
+        self.woken: dict[int, _PendingReply] = {}
+        self.next_seq = 0
+        self.count = 0  # pending: filed or woken
+
+    def add(self, blocker: Callable[[], _Blocker], fire: Callable[[], None]) -> None:
+        reply = _PendingReply(self.next_seq, blocker, fire)
+        self.next_seq += 1
+        self.count += 1
+        self.woken[reply.seq] = reply  # asked at once, at the end of the input
+
+    def wake(self, key: object) -> None:
+        filed = self.by_blocker.pop(key, None)
+        if filed is not None:
+            for reply in filed:
+                self.woken[reply.seq] = reply
 
 
 def _stoppable(tool: ToolDef) -> bool:
@@ -294,12 +360,16 @@ class ChatState:
         "_launching",
         "_now",
         "_out",
+        "_processes_base",
         "_reading",
+        "_records_base",
         "_replies",
         "_running_processes",
+        "_segment_turns",
         "_to_advance",
         "_wall_ms",
         "approved_tools",
+        "budget",
         "calls",
         "chat_id",
         "closed",
@@ -311,9 +381,20 @@ class ChatState:
         "turns",
     )
 
-    def __init__(self, chat_id: str, config: ChatConfig, results: ResultCache) -> None:
+    def __init__(
+        self,
+        chat_id: str,
+        config: ChatConfig,
+        results: ResultCache,
+        budget: AgentBudget | None = None,
+    ) -> None:
         self.chat_id = chat_id
         self.config = config
+        # The agent-wide bounds (records, processes) this chat shares with every other, kept
+        # up to date by `handle`; None: this chat counts against nothing (pure tests, sims).
+        self.budget = budget
+        self._records_base = 0
+        self._processes_base = 0
         # The agent's recent results (shared by its chats): with a journal that keeps results,
         # a published record's result lives there or in the journal, not in the record.
         self.results = results
@@ -340,8 +421,14 @@ class ChatState:
         self._lane: list[_Delivery] = []
         self._lane_held: dict[str, Result] = {}
         self._reading = False
-        self._replies: list[_PendingReply] = []
-        self._active_turns: list[TurnState] = []
+        # None while no reply waits (most chats, most of the time).
+        self._replies: _ReplyBook | None = None
+        # Insertion-ordered (a dict used as a set): a turn leaves it in O(1).
+        self._active_turns: dict[TurnState, None] = {}
+        # The active turns whose running segment holds a call, by call id: a published result
+        # finds the turns it may advance without scanning every turn's segment.
+        # (None while no turn runs: most chats.)
+        self._segment_turns: dict[str, list[TurnState]] | None = None
         self._to_advance: list[TurnState] = _IDLE
         self._now = 0.0
         self._wall_ms = 0
@@ -357,14 +444,38 @@ class ChatState:
         out: list[Effect] = []
         self._out = out
         self._to_advance = []
-        self._handlers[type(event)](self, event)
-        while self._to_advance:
-            self._next_segment(self._to_advance.pop(0))
-        self._to_advance = _IDLE
-        if self._replies:
-            self._settle()
+        budget = self.budget
+        if budget is None:
+            self._handle(event)
+        else:
+            self._records_base = len(self.records)
+            self._processes_base = self.running_process_count
+            try:
+                self._handle(event)
+            finally:
+                # What this input changed, counted once it is over (a refusal changed nothing).
+                budget.records += len(self.records) - self._records_base
+                budget.processes += self.running_process_count - self._processes_base
         self._out = _IDLE
         return out
+
+    def _handle(self, event: Input) -> None:
+        self._handlers[type(event)](self, event)
+        advanced = 0
+        while advanced < len(self._to_advance):
+            run = self._to_advance[advanced]
+            advanced += 1
+            run.to_advance = False
+            self._next_segment(run)
+        self._to_advance = _IDLE
+        replies = self._replies
+        if replies is not None:
+            # Whatever an input reports on a call (its group stopped, gone, its process
+            # exited...) may end a reply's wait: those filed under it are asked again.
+            call_id = getattr(event, "call_id", None)
+            if call_id is not None:
+                replies.wake(call_id)
+            self._settle()
 
     @property
     def idle(self) -> bool:
@@ -374,7 +485,7 @@ class ChatState:
             or self.turns
             or self.groups
             or self._lane
-            or self._replies
+            or self._replies is not None
             or self._launching
             or self._running_processes
         )
@@ -387,7 +498,7 @@ class ChatState:
     def replies_waiting(self) -> int:
         """Replies decided but held until what they report on is over (a cancel_result, an
         interrupted, a chat_closed, the shutdown's end): a quiet chat holds none."""
-        return len(self._replies)
+        return 0 if self._replies is None else self._replies.count
 
     def _emit(self, effect: Effect) -> None:
         self._out.append(effect)
@@ -401,6 +512,8 @@ class ChatState:
         record = self.records.get(spec.call_id)
         if record is None and self.closed:
             raise self._closed_error()
+        if record is None:
+            self._check_room_for_records(1)
         parsed: msgspec.Struct | None = None
         tool: ToolDef | None = None
         if record is None or record.tool is None:
@@ -506,7 +619,45 @@ class ChatState:
             return
         self._answer(record, req.approved, req.reason, approver=req.conn)
 
+    def _check_room_for_records(self, new: int) -> None:
+        """Refuse a request that would make the agent hold more than `max_records` records
+        (issue 27). A record is never dropped to make room: one whose call could be repeated
+        must stay, or the repeat would run again (docs/semantics.md, "Bounds")."""
+        budget = self.budget
+        if budget is None or new == 0:
+            return
+        held = budget.records + len(self.records) - self._records_base
+        if held + new > budget.max_records:
+            raise ToolwireError(
+                "over_limit",
+                f"the agent holds {held} tool call records and its limit is "
+                f"{budget.max_records} (max_records): nothing new is admitted until older "
+                "records are forgotten (forget_after_s); a repeat of a call it holds still "
+                "gets its saved result",
+            )
+
+    def _agent_processes_full(self) -> bool:
+        budget = self.budget
+        if budget is None:
+            return False
+        running = budget.processes + self.running_process_count - self._processes_base
+        return running >= budget.max_processes
+
+    def _check_ids(self, what: str, count: int) -> None:
+        limit = self.config.max_ids_per_request
+        if count > limit:
+            raise ToolwireError(
+                "over_limit",
+                f"{what} names {count} calls, more than the {limit} one request may name "
+                "(max_ids_per_request); send them in several requests",
+            )
+
     def _on_cancel(self, req: CancelRequest) -> None:
+        self._check_ids("cancel", len(req.call_ids))
+        if self.budget is not None:
+            # Each unknown id is stored as a tombstone (5.3): a record like any other.
+            unknown = {c for c in req.call_ids if self.records.get(c) is None}
+            self._check_room_for_records(len(unknown))
         for call_id in req.call_ids:
             received, record = self._cancel_one(call_id)
             record.pin()  # its result is owed: not forgotten before the reply
@@ -514,6 +665,7 @@ class ChatState:
 
     def _on_turn(self, req: TurnRequest) -> None:
         """A `turn` request (PROTOCOL.md 5.6): validate everything first, then admit."""
+        self._check_ids("turn", len(req.specs))
         specs = list(req.specs)
         fingerprint = turn_fingerprint(specs)
         existing = self.turns.get(req.turn_id)
@@ -538,16 +690,20 @@ class ChatState:
                 record = self.records.attach(call_id, self._now)
                 if record is not None:
                     self._journal_touch(record)
-            self._follow_turn(req.conn, existing, stream=req.stream, rid=req.rid, created=())
+            self._follow_turn(
+                req.conn, existing, stream=req.stream, rid=req.rid, created=frozenset()
+            )
             return
         if self.closed and any(self.records.get(s.call_id) is None for s in specs):
             raise self._closed_error()
         fingerprints = check_new_turn(self.records, specs)
+        self._check_room_for_records(sum(1 for s in specs if self.records.get(s.call_id) is None))
         segments = planner.plan_segments(
             [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs],
             self.config.workspace,
         )
-        run = TurnState(req.turn_id, [s.call_id for s in specs], fingerprint, segments)
+        call_ids = [s.call_id for s in specs]
+        run = TurnState(req.turn_id, call_ids, fingerprint, segments, members=frozenset(call_ids))
         self.turns[req.turn_id] = run
         created: list[str] = []
         for spec, fp in zip(specs, fingerprints, strict=True):
@@ -571,8 +727,9 @@ class ChatState:
                 except ToolwireError as exc:
                     call.invalid = exc.message
                 self.calls[spec.call_id] = call
-        self._follow_turn(req.conn, run, stream=req.stream, rid=req.rid, created=tuple(created))
-        self._active_turns.append(run)
+        self._follow_turn(req.conn, run, stream=req.stream, rid=req.rid, created=frozenset(created))
+        self._active_turns[run] = None
+        run.to_advance = True
         self._to_advance.append(run)
 
     def _on_interrupt(self, req: InterruptRequest) -> None:
@@ -632,6 +789,7 @@ class ChatState:
     def _on_close_durable(self, event: CloseDurable) -> None:
         if self._close_row == _CLOSE_QUEUED:
             self._close_row = _CLOSE_DURABLE  # the replies waiting for it go out (_settle)
+            self._wake_replies(_CLOSE_ROW_KEY)
 
     def _on_close_failed(self, event: CloseFailed) -> None:
         """The journal refused the close row. The close itself is over (its calls ended, its
@@ -659,14 +817,31 @@ class ChatState:
         watched = [*targets, *ending]
         for record in watched:
             record.pin()
+        # How far each list is known to be over: a published record stays published (it is
+        # pinned), a done turn stays done, a stopped group does not come back (nothing new
+        # starts in a closed or stopping chat). So each item is checked until it is over, once
+        # per change of it, never again: the wait costs what it names.
+        seen = [0, 0, 0]
 
-        def ready() -> bool:
-            return (
-                all(r.published for r in watched)
-                and all(t.done for t in turns)
-                and not any(call_id in self.groups for call_id in stopped)
-                and not (closing and self._close_row == _CLOSE_QUEUED)
-            )
+        def blocker() -> _Blocker:
+            while seen[0] < len(watched):
+                record = watched[seen[0]]
+                if not record.published:
+                    return record.call_id
+                seen[0] += 1
+            while seen[1] < len(turns):
+                run = turns[seen[1]]
+                if not run.done:
+                    return run
+                seen[1] += 1
+            while seen[2] < len(stopped):
+                call_id = stopped[seen[2]]
+                if call_id in self.groups:
+                    return call_id
+                seen[2] += 1
+            if closing and self._close_row == _CLOSE_QUEUED:
+                return _CLOSE_ROW_KEY
+            return None
 
         def fire() -> None:
             for record in watched:
@@ -676,7 +851,18 @@ class ChatState:
             # Behind any result still being read back for this chat: the reply comes last.
             self._deliver([], lambda _: [Send(conn, event)])
 
-        self._replies.append(_PendingReply(ready, fire))
+        self._pending_reply(blocker, fire)
+
+    def _pending_reply(self, blocker: Callable[[], _Blocker], fire: Callable[[], None]) -> None:
+        """`fire` once `blocker` says nothing is left to wait for (asked at the end of this
+        input, then whenever what it names changes)."""
+        if self._replies is None:
+            self._replies = _ReplyBook()
+        self._replies.add(blocker, fire)
+
+    def _wake_replies(self, key: object) -> None:
+        if self._replies is not None:
+            self._replies.wake(key)
 
     # -----------------------------------------------------------------------------------------
     # Following
@@ -767,7 +953,7 @@ class ChatState:
         )
 
     def _follow_turn(
-        self, conn: Conn, run: TurnState, *, stream: bool, rid: Rid, created: tuple[str, ...]
+        self, conn: Conn, run: TurnState, *, stream: bool, rid: Rid, created: frozenset[str]
     ) -> None:
         """`created`: the calls this very request admitted as new (accepted, replay false)."""
         if not run.finished:
@@ -904,9 +1090,10 @@ class ChatState:
             return
         if record.turn_id is not None:
             run = self.turns.get(record.turn_id)
-            if run is not None and not run.finished and record.call_id in run.call_ids:
+            if run is not None and not run.finished and record.call_id in run.members:
                 if run.running >= planner.MAX_PARALLEL_CALLS:
                     run.waiting.append(record.call_id)  # launched when a slot frees
+                    run.still_waiting.add(record.call_id)
                     return
                 run.running += 1
                 call.turn = run
@@ -959,17 +1146,22 @@ class ChatState:
         assert call.parsed is not None
         if tool.kind is ToolKind.EXECUTE:
             self._launching.pop(record.call_id, None)
+            why = None
             if self.running_process_count >= self.config.max_processes_per_chat:
                 limit = self.config.max_processes_per_chat
-                self._finish(
-                    record,
-                    self._plain_result(
-                        record,
-                        Outcome.FAILED,
-                        f"the command did not start: this chat already runs {limit} processes "
-                        "(max_processes_per_chat); wait for one to exit or stop one",
-                    ),
+                why = (
+                    f"the command did not start: this chat already runs {limit} processes "
+                    "(max_processes_per_chat); wait for one to exit or stop one"
                 )
+            elif self._agent_processes_full():
+                assert self.budget is not None
+                why = (
+                    "the command did not start: the agent already runs "
+                    f"{self.budget.max_processes} processes over all chats (max_processes); "
+                    "wait for one to exit or stop one"
+                )
+            if why is not None:
+                self._finish(record, self._plain_result(record, Outcome.FAILED, why))
                 return
             self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
             return
@@ -992,6 +1184,13 @@ class ChatState:
                 "over_limit",
                 f"chat {self.chat_id!r} already runs "
                 f"{self.config.max_processes_per_chat} processes (max_processes_per_chat)",
+            )
+        if tool.kind is ToolKind.EXECUTE and self._agent_processes_full():
+            assert self.budget is not None
+            raise ToolwireError(
+                "over_limit",
+                f"the agent already runs {self.budget.max_processes} processes over all "
+                "chats (max_processes); wait for one to exit or stop one",
             )
 
     # -----------------------------------------------------------------------------------------
@@ -1289,24 +1488,36 @@ class ChatState:
             # A write on a worker thread ends on its own with its real result; a start on
             # its way to disk ends `not_run` when it gets there.
 
-        def ready() -> bool:
-            return all(r.published for r in running) and not any(
-                call_id in self.groups for call_id in stopped
-            )
+        seen = [0, 0]  # as in `_reply_when_quiet`: each item checked until it is over
 
-        self._replies.append(_PendingReply(ready, lambda: self._emit(ShutdownDone())))
+        def blocker() -> _Blocker:
+            while seen[0] < len(running):
+                record = running[seen[0]]
+                if not record.published:
+                    return record.call_id
+                seen[0] += 1
+            while seen[1] < len(stopped):
+                call_id = stopped[seen[1]]
+                if call_id in self.groups:
+                    return call_id
+                seen[1] += 1
+            return None
+
+        self._pending_reply(blocker, lambda: self._emit(ShutdownDone()))
 
     def _reply_cancel(self, conn: Conn, record: ToolCallRecord, received: bool, rid: Rid) -> None:
         call_id = record.call_id
 
-        def ready() -> bool:
+        def blocker() -> _Blocker:
             if not record.published:
-                return False
+                return call_id
             # A process the ended call left running is killed "like a running one" (5.3): the
             # reply waits until its whole group is gone, so a client never sees any of it alive
             # after the cancel_result.
             group = self.groups.get(call_id)
-            return not (received and group is not None and group.stopping is not None)
+            if received and group is not None and group.stopping is not None:
+                return call_id
+            return None
 
         def fire() -> None:
             self._deliver(
@@ -1317,7 +1528,7 @@ class ChatState:
             )
             record.unpin()
 
-        self._replies.append(_PendingReply(ready, fire))
+        self._pending_reply(blocker, fire)
 
     # -----------------------------------------------------------------------------------------
     # Turns (PROTOCOL.md 5.6)
@@ -1331,14 +1542,21 @@ class ChatState:
         run.advancing = True
         try:
             while True:
-                if run.segment >= 0 and not all(
-                    self._published(call_id) for call_id in run.segments[run.segment]
-                ):
-                    return
+                if run.segment >= 0:
+                    calls = run.segments[run.segment]
+                    while run.segment_published < len(calls) and self._published(
+                        calls[run.segment_published]
+                    ):
+                        run.segment_published += 1
+                    if run.segment_published < len(calls):
+                        return
+                    self._index_segment(run, add=False)
                 run.segment += 1
+                run.segment_published = 0
                 if run.segment >= len(run.segments):
                     self._end_turn(run)
                     return
+                self._index_segment(run, add=True)
                 for call_id in run.segments[run.segment]:
                     record = self.records.get(call_id)
                     assert record is not None, f"turn {run.turn_id} lost its call {call_id}"
@@ -1346,6 +1564,28 @@ class ChatState:
                         self._start(record, gated=self._gated(self.calls[call_id].spec))
         finally:
             run.advancing = False
+
+    def _index_segment(self, run: TurnState, *, add: bool) -> None:
+        """File the turn's running segment under each of its calls (or take it out again), so
+        that a call's result advances exactly the turns waiting for it."""
+        index = self._segment_turns
+        if index is None:
+            if not add:
+                return
+            index = self._segment_turns = {}
+        for call_id in run.segments[run.segment]:
+            if add:
+                index.setdefault(call_id, []).append(run)
+                continue
+            turns = index.get(call_id)
+            if turns is None:
+                continue
+            if run in turns:
+                turns.remove(run)  # short: the turns naming this one call
+            if not turns:
+                del index[call_id]
+        if not index:
+            self._segment_turns = None
 
     def _published(self, call_id: str) -> bool:
         record = self.records.get(call_id)
@@ -1355,11 +1595,12 @@ class ChatState:
         # Every segment ran to its end, so every call has its one published result. From here
         # a repeated turn is answered from the records (`_follow_turn`).
         run.finished = True
-        self._active_turns.remove(run)
+        self._active_turns.pop(run, None)
         followers, run.followers = run.followers, []
 
         def send(results: list[Result]) -> list[Effect]:
             run.done = True
+            self._wake_replies(run)
             return [
                 Send(conn, TurnResultEvent(self.chat_id, run.turn_id, results))
                 for conn in followers
@@ -1378,13 +1619,16 @@ class ChatState:
         if run is None:
             if record.turn_id is not None:
                 waiting_in = self.turns.get(record.turn_id)
-                if waiting_in is not None and record.call_id in waiting_in.waiting:
-                    waiting_in.waiting.remove(record.call_id)
+                if waiting_in is not None:
+                    waiting_in.still_waiting.discard(record.call_id)
             return
         call.turn = None
         run.running -= 1
         while run.waiting and run.running < planner.MAX_PARALLEL_CALLS:
             call_id = run.waiting.popleft()
+            if call_id not in run.still_waiting:
+                continue  # it ended while it waited
+            run.still_waiting.discard(call_id)
             next_record = self.records.get(call_id)
             next_call = self.calls.get(call_id)
             if next_record is None or next_call is None:
@@ -1460,11 +1704,15 @@ class ChatState:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
             self.results.put((self.chat_id, record.call_id), self.records.release_result(record))
-        for run in self._active_turns:
-            # After this input: a request that ends several calls (an interrupt) ends them all
-            # before the turn's next segment could start any of them.
-            if run not in self._to_advance and record.call_id in run.current_calls():
-                self._to_advance.append(run)
+        segment_turns = self._segment_turns
+        if segment_turns is not None:
+            for run in segment_turns.get(record.call_id, ()):
+                # After this input: a request that ends several calls (an interrupt) ends them
+                # all before the turn's next segment could start any of them.
+                if not run.to_advance:
+                    run.to_advance = True
+                    self._to_advance.append(run)
+        self._wake_replies(record.call_id)
 
     def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:
         """Send the saved results of published calls: at once when they are on the heap and
@@ -1557,14 +1805,26 @@ class ChatState:
         held.clear()
 
     def _settle(self) -> None:
-        """Send every pending reply whose wait is over (in the order they were asked)."""
-        while True:
-            ready = [reply for reply in self._replies if reply.ready()]
-            if not ready:
-                return
+        """Send every pending reply whose wait is over (in the order they were asked). Only
+        the replies woken by this input are asked (`_ReplyBook`); one still blocked is filed
+        under what blocks it now."""
+        book = self._replies
+        assert book is not None
+        while book.woken:
+            woken, book.woken = book.woken, {}
+            ready: list[_PendingReply] = []
+            for reply in woken.values():
+                blocked_on = reply.blocker()
+                if blocked_on is None:
+                    ready.append(reply)
+                else:
+                    book.by_blocker.setdefault(blocked_on, []).append(reply)
+            ready.sort(key=lambda reply: reply.seq)
+            book.count -= len(ready)
             for reply in ready:
-                self._replies.remove(reply)
-                reply.fire()
+                reply.fire()  # may wake others (a turn's result sent): the loop goes on
+        if book.count == 0:
+            self._replies = None
 
     # -----------------------------------------------------------------------------------------
     # Results: building
@@ -1601,7 +1861,8 @@ class ChatState:
 
     def _forget_some(self) -> None:
         """Forgetting is checked on insert too (like the anchor's agent), in O(forgotten)."""
-        for record in self.records.forget_expired(self._now, self.config.forget_after_s):
+        forgotten = self.records.forget_expired(self._now, self.config.forget_after_s)
+        for record in forgotten:
             if self.config.journal_enabled:
                 self._emit(JournalDelete(record.call_id))
             # A new call with this id is a new record: never answered with this result, not
@@ -1611,12 +1872,14 @@ class ChatState:
             self._lane_held.pop(record.call_id, None)
             self.calls.pop(record.call_id, None)
             self._emit(Forgotten(record.call_id))
-            if self.turns:
-                # A finished turn goes with any of its calls (also one another request made):
-                # its repeat is a new turn, never answered with a new record's result.
-                for turn_id, run in list(self.turns.items()):
-                    if run.done and record.call_id in run.call_ids:
-                        del self.turns[turn_id]
+        if forgotten and self.turns:
+            # A finished turn goes with any of its calls (also one another request made): its
+            # repeat is a new turn, never answered with a new record's result. (One pass for
+            # all that were forgotten, not one per forgotten record.)
+            gone = {record.call_id for record in forgotten}
+            for turn_id, run in list(self.turns.items()):
+                if run.done and not gone.isdisjoint(run.call_ids):
+                    del self.turns[turn_id]
         if self.closed and not self.records and self._close_row != _CLOSE_QUEUED:
             # Gone: its id may be used again (9.6), also after a restart. (A close still on
             # its way to disk stays until it lands: its reply waits for it.)
@@ -1699,6 +1962,7 @@ class ChatState:
                 )
             # Durable and published as it was before the restart.
             self.records.publish(record)
+            self._wake_replies(record.call_id)
             if self.config.journal_keeps_results:
                 self.records.release_result(record)
             return

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from toolwire.actors import processes
-from toolwire.actors.chat_state import ChatConfig
+from toolwire.actors.budget import AgentBudget
+from toolwire.actors.chat_state import MAX_IDS_PER_REQUEST, ChatConfig
 from toolwire.actors.command_env import command_environment
 from toolwire.actors.journal import Journal, MemoryJournal
 from toolwire.actors.metrics import CallCounters
@@ -41,6 +42,46 @@ class Limits:
     # Running processes per chat. A model in a loop can start processes faster than they exit;
     # 64 leaves room for real parallel builds while keeping one chat from exhausting the host.
     max_processes_per_chat: int = 64
+    # Ids one request may name (a cancel's call_ids, a turn's calls): see MAX_IDS_PER_REQUEST
+    # in actors/chat_state.py for its reason.
+    max_ids_per_request: int = MAX_IDS_PER_REQUEST
+    # The bounds of the whole agent (issue 27: per-chat limits let a client spread its load
+    # over chats). Records held in memory, over all chats: each costs about 1.7 KB while its
+    # call is recent (measured: 60,000 calls over 15,000 chats grew the agent from 64 to
+    # 168 MiB), so 100,000 keep the table under about 170 MiB; forgotten after forget_after_s,
+    # that is 100,000 calls an hour, some 28 a second for a whole hour. At the cap new calls
+    # get over_limit; nothing held is dropped (docs/semantics.md, "Bounds"). Precedent:
+    # memcached's and Redis's maxmemory cap what the cache may hold rather than the host.
+    max_records: int = 100_000
+    # Processes running over all chats: 256 is four chats at max_processes_per_chat, the count
+    # issue 27 reached with four chats, and about what the default `ulimit -u` of a desktop
+    # user (often 4096 to 63,000) and a 2-core host's RAM can take with room for the rest of
+    # the machine. Precedent: systemd's default TasksMax is 15% of the kernel's pid limit.
+    max_processes: int = 256
+    # Bytes of messages being received and decoded at once, over all connections: a reader
+    # whose message would go past it waits before reading more (back-pressure through TCP),
+    # except the message that began first, which always goes on (so the limit must hold one
+    # message of max_message_bytes). Four messages of the maximum size: 20 concurrent 16 MiB
+    # messages took the agent to 861 MiB (issue 27). Precedent: nginx's
+    # client_body_buffer_size and HAProxy's tune.bufsize bound what a request may hold in
+    # memory at once, and the rest waits in the kernel's socket buffers.
+    max_message_bytes_in_flight: int = 4 * 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_ids_per_request",
+            "max_records",
+            "max_processes",
+            "max_message_bytes_in_flight",
+        ):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"limit {name} must be an integer >= 1, not {value!r}")
+        if self.max_message_bytes_in_flight < self.max_message_bytes:
+            raise ValueError(
+                f"max_message_bytes_in_flight ({self.max_message_bytes_in_flight}) must hold at "
+                f"least one message of max_message_bytes ({self.max_message_bytes})"
+            )
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -51,6 +92,10 @@ class Limits:
             "forget_after_s": self.forget_after_s,
             "exited_retention_s": self.exited_retention_s,
             "max_processes_per_chat": self.max_processes_per_chat,
+            "max_ids_per_request": self.max_ids_per_request,
+            "max_records": self.max_records,
+            "max_processes": self.max_processes,
+            "max_message_bytes_in_flight": self.max_message_bytes_in_flight,
         }
 
 
@@ -82,8 +127,13 @@ class AgentContext:
     result_cache_bytes: int = DEFAULT_MAX_BYTES
     # The operator's counters (`/metrics`); None counts nothing (the benchmark's baseline).
     metrics: CallCounters | None = field(default_factory=lambda: CallCounters(TOOL_NAMES))
+    # What every chat holds together, against the agent-wide limits (actors/budget.py).
+    budget: AgentBudget = field(init=False)
 
     def __post_init__(self) -> None:
+        self.budget = AgentBudget(
+            max_records=self.limits.max_records, max_processes=self.limits.max_processes
+        )
         for name in ("approval_timeout_s", "kill_grace_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -100,4 +150,5 @@ class AgentContext:
             approval_timeout_s=self.approval_timeout_s,
             journal_enabled=self.journal.enabled,
             journal_keeps_results=self.journal.keeps_results,
+            max_ids_per_request=self.limits.max_ids_per_request,
         )

@@ -236,20 +236,75 @@ def plan_segments(calls: Sequence[PlannedCall], workspace: str) -> list[list[str
     root = os.path.realpath(os.path.expanduser(workspace))
     segments: list[list[str]] = []
     current: list[str] = []
-    held: list[Reservation] = []
+    held = _SegmentReservations()
     for call in calls:
         reservation = reservation_for(call, root)
         if reservation.access is Access.BARRIER:
             if current:
                 segments.append(current)
             segments.append([call.call_id])
-            current, held = [], []
+            current, held = [], _SegmentReservations()
             continue
-        if any(conflicts(reservation, other) for other in held):
+        if held.conflicts_with(reservation):
             segments.append(current)
-            current, held = [], []
+            current, held = [], _SegmentReservations()
         current.append(call.call_id)
-        held.append(reservation)
+        held.add(reservation)
     if current:
         segments.append(current)
     return segments
+
+
+def _enclosing(path: str) -> list[str]:
+    """The keys of every path that contains `path` by `_overlaps` (its proper ancestors, as
+    `_key` spells them): the text before each "/" of it."""
+    return [path[:i] for i, char in enumerate(path) if char == "/"]
+
+
+def _key(path: str) -> str:
+    """How `_overlaps` compares a containing path: without its trailing slashes."""
+    return path.rstrip("/")
+
+
+class _SegmentReservations:
+    """The paths a segment holds, indexed so that checking one more call costs the length of
+    its paths, not the size of the segment: `plan_segments` stays linear in the turn (issue 27:
+    a turn of 3,000 reads of distinct files took 4.5 million `conflicts` checks).
+
+    Answers exactly as `conflicts` against each held reservation would (tests/test_planner.py
+    checks it against that pairwise reference): a READ conflicts with a held WRITE that equals,
+    contains or lies inside one of its paths; a WRITE with any held READ or WRITE so placed."""
+
+    __slots__ = ("_inside", "_paths")
+
+    def __init__(self) -> None:
+        # By access: the held paths as `_key` spells them, and the keys of every path that
+        # contains one of them (so "some held path lies inside p" is one lookup of p's key).
+        self._paths: dict[Access, set[str]] = {Access.READ: set(), Access.WRITE: set()}
+        self._inside: dict[Access, set[str]] = {Access.READ: set(), Access.WRITE: set()}
+
+    def conflicts_with(self, reservation: Reservation) -> bool:
+        if reservation.access is Access.NONE:
+            return False
+        against = [Access.WRITE] if reservation.access is Access.READ else list(self._paths)
+        for path in reservation.paths:
+            for access in against:
+                paths = self._paths[access]
+                if not paths:
+                    continue
+                if _key(path) in paths:
+                    return True
+                if _key(path) in self._inside[access]:
+                    return True  # a held path lies inside this one
+                if any(outer in paths for outer in _enclosing(path)):
+                    return True  # a held path contains this one
+        return False
+
+    def add(self, reservation: Reservation) -> None:
+        if reservation.access is Access.NONE:
+            return
+        paths = self._paths[reservation.access]
+        inside = self._inside[reservation.access]
+        for path in reservation.paths:
+            paths.add(_key(path))
+            inside.update(_enclosing(path))

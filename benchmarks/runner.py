@@ -31,6 +31,7 @@ from toolwire.benchmarks.scenarios import (
     journal,
     process,
     reqresp,
+    request_cost,
     scale,
     streaming,
     transport,
@@ -60,6 +61,9 @@ SCENARIOS: dict[str, Scenario] = {
             "interactive", "a one-line process_input to cat on a pty vs a raw pty", interactive.run
         ),
         Scenario("abuse", "another chat's trivial calls while one client attacks", abuse.run),
+        Scenario(
+            "request_cost", "time per id of cancel, interrupt, turn, close_chat", request_cost.run
+        ),
     )
 }
 

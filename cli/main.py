@@ -68,6 +68,37 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="end a gate left unanswered this long as not_run",
     )
+    # The agent-wide bounds (issue 27); defaults and their reasons in actors/context.py.
+    serve.add_argument(
+        "--max-records",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tool call records held in memory over all chats; past it new calls get "
+        "over_limit (default 100000)",
+    )
+    serve.add_argument(
+        "--max-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes running over all chats; past it execute gets over_limit (default 256)",
+    )
+    serve.add_argument(
+        "--max-message-bytes-in-flight",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="bytes of messages being received at once over all connections; past it readers "
+        "wait (default 67108864, four 16 MiB messages)",
+    )
+    serve.add_argument(
+        "--max-ids-per-request",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ids one cancel or turn may name; past it the request gets over_limit (default 1000)",
+    )
 
     serve.add_argument(
         "--journal",
@@ -169,6 +200,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"toolwire serve: --approve names unknown tools: {sorted(unknown)}", file=sys.stderr
             )
             return 2
+        from dataclasses import replace
+
+        from toolwire.actors.context import Limits
+
+        chosen = {
+            name: getattr(args, name)
+            for name in (
+                "max_records",
+                "max_processes",
+                "max_message_bytes_in_flight",
+                "max_ids_per_request",
+            )
+            if getattr(args, name) is not None
+        }
+        try:
+            limits = replace(Limits(), **chosen)
+        except ValueError as exc:
+            print(f"toolwire serve: {exc}", file=sys.stderr)
+            return 2
         options = ServeOptions(
             host=args.host,
             port=args.port,
@@ -183,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             journal=args.journal,
             allowed_origins=origins,
             sync=args.sync,
+            limits=limits,
         )
         from toolwire.actors.journal import JournalError
 

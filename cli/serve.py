@@ -15,6 +15,7 @@ import trio
 
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.command_env import command_environment
+from toolwire.actors.context import Limits
 from toolwire.actors.journal import JournalError, open_journal
 from toolwire.cli.agent_token import private_state_dir, resolve_token
 from toolwire.cli.private_process import forget_secrets, make_undumpable
@@ -43,6 +44,7 @@ class ServeOptions:
     journal: str = "sqlite"
     allowed_origins: frozenset[str] = frozenset()
     sync: str = "full"  # the SQLite journal's synchronous level (actors.journal.SYNC_LEVELS)
+    limits: Limits = field(default_factory=Limits)
 
 
 def default_state_dir() -> Path:
@@ -103,6 +105,7 @@ async def serve(options: ServeOptions) -> None:
         approval_timeout_s=options.approval_timeout_s,
         journal=journal,
         base_env=command_env,
+        limits=options.limits,
     )
     agent = Agent(ctx)
     server = Server(

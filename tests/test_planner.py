@@ -578,3 +578,74 @@ def test_property_plan_matches_an_oracle_on_real_names(
     with home(shared):
         segments = plan_segments(render(shared, turn), str(shared.ws))
     assert segments == oracle_plan(turn)
+
+
+def _pairwise_plan(reservations: list[tuple[str, Reservation]]) -> list[list[str]]:
+    """The plan by the definition of 5.6, each call checked against every reservation of its
+    segment with `conflicts`: the reference the indexed planner must equal."""
+    segments: list[list[str]] = []
+    current: list[str] = []
+    held: list[Reservation] = []
+    for call_id, reservation in reservations:
+        if reservation.access is Access.BARRIER:
+            if current:
+                segments.append(current)
+            segments.append([call_id])
+            current, held = [], []
+            continue
+        if any(conflicts(reservation, other) for other in held):
+            segments.append(current)
+            current, held = [], []
+        current.append(call_id)
+        held.append(reservation)
+    if current:
+        segments.append(current)
+    return segments
+
+
+# Absolute paths over a tiny alphabet, so that equal, containing, contained and merely
+# prefix-sharing paths (`/a` and `/ab`) all come up; the root `/` too.
+_components = st.lists(st.sampled_from(["a", "b", "ab"]), min_size=0, max_size=3)
+_abs_paths = _components.map(lambda parts: "/" + "/".join(parts))
+# Not on disk: canonicalising a path under it changes nothing.
+_PLAN_ROOT = "/nonexistent-toolwire-plan-root"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([Access.READ, Access.WRITE, Access.NONE, Access.BARRIER]),
+            st.lists(_abs_paths, min_size=1, max_size=3),
+        ),
+        max_size=12,
+    )
+)
+def test_the_indexed_planner_plans_as_the_pairwise_definition(
+    calls: list[tuple[Access, list[str]]],
+) -> None:
+    """Issue 27: the planner indexes a segment's paths so a turn of thousands of calls is
+    planned in linear time; it must plan exactly as checking every pair would."""
+    assert not Path(_PLAN_ROOT).exists()
+    real_root = _PLAN_ROOT
+    planned: list[PlannedCall] = []
+    reservations: list[tuple[str, Reservation]] = []
+    for index, (access, paths) in enumerate(calls):
+        call_id = f"c{index}"
+        if access is Access.BARRIER:
+            planned.append(PlannedCall(call_id, "execute", {"command": "x"}))
+            reservations.append((call_id, Reservation(Access.BARRIER, ())))
+            continue
+        if access is Access.NONE:
+            planned.append(PlannedCall(call_id, "process_list", {}))
+            reservations.append((call_id, Reservation(Access.NONE, ())))
+            continue
+        spelled = [real_root + path if path != "/" else real_root for path in paths]
+        if access is Access.WRITE:
+            args: dict[str, object] = {"files": [{"path": p, "edits": []} for p in spelled]}
+            planned.append(PlannedCall(call_id, "edit_files", args))
+        else:
+            planned.append(PlannedCall(call_id, "read_file", {"path": spelled[0]}))
+            spelled = spelled[:1]
+        reservations.append((call_id, Reservation(access, tuple(dict.fromkeys(spelled)))))
+    assert plan_segments(planned, real_root) == _pairwise_plan(reservations)

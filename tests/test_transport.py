@@ -80,6 +80,11 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "exited_retention_s": 3600,
             "max_processes_per_chat": 64,
             "kill_grace_ms": 2000,  # PROTOCOL.md 9: the grace of 5.3
+            # The bounds of one request and of the whole agent (issue 27, docs/protocol.md).
+            "max_ids_per_request": 1000,
+            "max_records": 100_000,
+            "max_processes": 256,
+            "max_message_bytes_in_flight": 64 * 1024 * 1024,
         }
         # The 1.1 additions this build implements, and only those (PROTOCOL.md 9).
         assert welcome["features"] == [

@@ -18,6 +18,9 @@ What the override must keep, and how:
   From it on, nothing more is delivered: the sink's `on_too_big` decides when to close (1009).
 - The reader never dies silently: a sink that raises gets the connection closed with 1011 and
   the failure logged (trio-websocket's reader would swallow a KeyError as an "unknown event").
+- Agent-wide bytes: the parts of a message that arrives in several pieces are charged to the
+  server's `MessageBytes` as they arrive (the reader waits while they would go past
+  `max_message_bytes_in_flight`), and released once the message is applied or dropped.
 - Backpressure: after each message the reader asks the sink whether it is backlogged, and if so
   waits for room before it reads on. The sink counts queued replies, not bytes: its output
   waits in per-call buffers and never counts, so a sender blocked on bulk output (the deadlock
@@ -39,6 +42,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import BytesMessage, TextMessage
 
 from toolwire.transport import ws_private
+from toolwire.transport.message_bytes import MessageBytes
 
 log = logging.getLogger("toolwire.server")
 
@@ -65,7 +69,12 @@ class DirectConnection(ws_private.MessageHookConnection):
     """A server connection whose messages go to a `MessageSink` instead of a channel."""
 
     def __init__(
-        self, stream: trio.abc.Stream, *, max_message_bytes: int, receive_buffer_size: int | None
+        self,
+        stream: trio.abc.Stream,
+        *,
+        max_message_bytes: int,
+        receive_buffer_size: int | None,
+        message_bytes: MessageBytes | None = None,
     ) -> None:
         super().__init__(
             stream,
@@ -83,6 +92,19 @@ class DirectConnection(ws_private.MessageHookConnection):
         self._refusing = False
         self._parts: list[str | bytes] = []
         self._parts_bytes = 0
+        self._message_bytes = message_bytes
+
+    @property
+    def refusing(self) -> bool:
+        """Messages are dropped from now on (too big, a failure, or the session ended)."""
+        return self._refusing
+
+    def drop_partial(self) -> None:
+        """Forget the message being assembled, and free its bytes (agent-wide)."""
+        self._parts = []
+        self._parts_bytes = 0
+        if self._message_bytes is not None:
+            self._message_bytes.release(self)
 
     def attach(self, sink: MessageSink) -> None:
         self._sink = sink
@@ -93,6 +115,7 @@ class DirectConnection(ws_private.MessageHookConnection):
         self._refusing = True
         self._sink = None
         self._sink_attached.set()
+        self.drop_partial()
 
     async def on_message_event(self, event: BytesMessage | TextMessage) -> None:
         if self._refusing or ws_private.close_reason(self) is not None:
@@ -107,12 +130,18 @@ class DirectConnection(ws_private.MessageHookConnection):
         )
         if size > self._max_message_bytes:
             self._refusing = True
-            self._parts = []
-            self._parts_bytes = 0
+            self.drop_partial()
             sink = await self._wait_for_sink()
             if sink is not None:
                 sink.on_too_big()
             return
+        gate = self._message_bytes
+        if gate is not None and (self._parts or not event.message_finished):
+            # A message in pieces: this piece waits for room before the reader reads on.
+            await gate.take(self, size - self._parts_bytes)
+            if self.refusing:
+                self.drop_partial()  # the session ended while it waited
+                return
         if not event.message_finished:
             self._parts.append(data)
             self._parts_bytes = size
@@ -133,6 +162,7 @@ class DirectConnection(ws_private.MessageHookConnection):
         if sink is None:
             sink = await self._wait_for_sink()
             if sink is None:
+                self.drop_partial()
                 return
         try:
             sink.on_message(message)
@@ -141,6 +171,9 @@ class DirectConnection(ws_private.MessageHookConnection):
             log.exception("connection %s: applying a message failed; closing it", self)
             await self._fail()
             return
+        finally:
+            if gate is not None:
+                gate.release(self)
         if backlogged:
             await sink.wait_for_room()
 
@@ -162,11 +195,15 @@ async def open_server_connection(
     *,
     max_message_bytes: int,
     receive_buffer_size: int | None,
+    message_bytes: MessageBytes | None = None,
 ) -> tuple[DirectConnection, WebSocketRequest]:
     """trio-websocket's `wrap_server_stream`, building a `DirectConnection`: start its reader in
     `nursery` and wait for the client's handshake request."""
     connection = DirectConnection(
-        stream, max_message_bytes=max_message_bytes, receive_buffer_size=receive_buffer_size
+        stream,
+        max_message_bytes=max_message_bytes,
+        receive_buffer_size=receive_buffer_size,
+        message_bytes=message_bytes,
     )
     ws_private.start_reader(nursery, connection)
     request = await ws_private.wait_for_request(connection)

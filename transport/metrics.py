@@ -36,17 +36,30 @@ READY_HELP = "1 once journal recovery is done and requests are taken, else 0"
 BUSIEST_HELP = "Running processes of the busiest chat (see toolwire_processes_per_chat_limit)"
 LIMIT_HELP = "The max_processes_per_chat limit: execute calls past it get over_limit"
 OUTPUT_HELP = "Bytes the commands of execute calls wrote (stdout and stderr), as they arrive"
+RECORDS_LIMIT_HELP = "The max_records limit: calls that would hold more records get over_limit"
+PROCESSES_LIMIT_HELP = "The max_processes limit (all chats): execute calls past it get over_limit"
+IN_FLIGHT_HELP = "Bytes of messages being received in pieces, over all connections"
+IN_FLIGHT_LIMIT_HELP = (
+    "The max_message_bytes_in_flight limit: readers wait before reading more past it"
+)
 
 
 class AgentCollector:
     """The toolwire_* metric families, computed from the agent when collected."""
 
-    def __init__(self, agent: Agent, connections: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        connections: Callable[[], int],
+        message_bytes_in_flight: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._agent = agent
         self._connections = connections
+        self._message_bytes_in_flight = message_bytes_in_flight
 
     def collect(self) -> Iterator[Metric]:
         agent = self._agent
+        limits = agent.ctx.limits
         running = parked = records = processes = busiest = 0
         for chat in list(agent.chats.values()):
             records += len(chat.records)
@@ -72,6 +85,18 @@ class AgentCollector:
             ("toolwire_connections", "Open WebSocket connections", self._connections()),
             ("toolwire_chats", "Chats held (with records, processes or work)", len(agent.chats)),
             ("toolwire_records", "Tool call records held until forgotten", records),
+            ("toolwire_records_limit", RECORDS_LIMIT_HELP, limits.max_records),
+            ("toolwire_processes_limit", PROCESSES_LIMIT_HELP, limits.max_processes),
+            (
+                "toolwire_message_bytes_in_flight",
+                IN_FLIGHT_HELP,
+                self._message_bytes_in_flight(),
+            ),
+            (
+                "toolwire_message_bytes_in_flight_limit",
+                IN_FLIGHT_LIMIT_HELP,
+                limits.max_message_bytes_in_flight,
+            ),
         ]
         for name, help_text, value in gauges:
             yield GaugeMetricFamily(name, help_text, value=value)
@@ -117,15 +142,23 @@ class MetricsPage:
     """The registry behind `/metrics`: the agent's families plus the process's own (CPU,
     memory, open files: `prometheus_client`'s process collector). Built on the first scrape."""
 
-    def __init__(self, agent: Agent, connections: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        connections: Callable[[], int],
+        message_bytes_in_flight: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._agent = agent
         self._connections = connections
+        self._message_bytes_in_flight = message_bytes_in_flight
         self._registry: CollectorRegistry | None = None
 
     def render(self) -> bytes:
         registry = self._registry
         if registry is None:
             registry = self._registry = CollectorRegistry(auto_describe=False)
-            registry.register(AgentCollector(self._agent, self._connections))
+            registry.register(
+                AgentCollector(self._agent, self._connections, self._message_bytes_in_flight)
+            )
             ProcessCollector(registry=registry)
         return generate_latest(registry)

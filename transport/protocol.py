@@ -196,6 +196,12 @@ class Limits(msgspec.Struct, kw_only=True):
     # 1.1 (PROTOCOL.md 9): how long a stopped process group has from SIGTERM to exit before
     # SIGKILL (5.3, 9.2, 9.3). Optional for the client: an agent of 1.0 does not send it.
     kill_grace_ms: int | None = None
+    # The bounds of one request and of the whole agent (docs/protocol.md, "Limits"): optional
+    # for the client, an agent before them does not send them.
+    max_ids_per_request: int | None = None
+    max_records: int | None = None
+    max_processes: int | None = None
+    max_message_bytes_in_flight: int | None = None
 
 
 class Result(msgspec.Struct, kw_only=True):

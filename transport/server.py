@@ -31,6 +31,7 @@ from toolwire.transport import access_control, access_log, frames, http_status, 
 from toolwire.transport.buffered import WriteBufferedStream
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
 from toolwire.transport.connection import DirectConnection, open_server_connection
+from toolwire.transport.message_bytes import MessageBytes
 from toolwire.transport.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from toolwire.transport.metrics import MetricsPage
 
@@ -92,7 +93,14 @@ class Server:
         self._listen_scope: trio.CancelScope | None = None
         self._connections: trio.Nursery | None = None
         self._closing = False
-        self._metrics_page = MetricsPage(agent, lambda: len(self._sessions))
+        limits = agent.ctx.limits
+        # Bytes of messages being received at once, over all connections (issue 27).
+        self.message_bytes = MessageBytes(
+            limits.max_message_bytes_in_flight, limits.max_message_bytes
+        )
+        self._metrics_page = MetricsPage(
+            agent, lambda: len(self._sessions), lambda: self.message_bytes.held
+        )
         # Set once a stop for a failed journal is over (`toolwire serve` then exits 1).
         self.stopped_by_failure = trio.Event()
 
@@ -175,6 +183,7 @@ class Server:
                         ws_stream,
                         max_message_bytes=self.agent.ctx.limits.max_message_bytes,
                         receive_buffer_size=RECEIVE_BUFFER_BYTES,
+                        message_bytes=self.message_bytes,
                     )
                     if await self._handshake(request):
                         ws = connection
