@@ -1,25 +1,30 @@
-"""Scenario `bigwrite`: trivial calls in one chat while another chat writes 16 MiB files.
+"""Scenario `bigwrite`: trivial calls in one chat, and the agent's loop lag, while another
+chat writes 16 MiB files or edits four files of 16 MiB.
 
-A write of a big file must not hold up the agent's other chats (issue 13): `write_file` and
-`edit_files` hash their payload, write it, and fsync the file and its directory, on payloads up
-to the largest message (16 MiB), and a busy disk can make the fsyncs alone take seconds.
+A write of a big file must not hold up the agent's other chats (issues 13 and 26): `write_file`
+and `edit_files` hash their payload, write it, and fsync the file and its directory, on
+payloads up to the largest message (16 MiB), and whatever of that runs on the event loop, or
+holds the GIL the loop needs, stalls every other chat.
 
 Per repeat, in a rotated order, on two agents of the same settings (the calls alone on one, the
-writes and the calls during them on the other: an agent goes on paying a while for 16 MiB
+loads and the calls during them on the other: an agent goes on paying a while for 16 MiB
 writes it took, when SQLite checkpoints the rows they left in its WAL):
 
 - **alone**: trivial calls (`read_file` of a 300-byte file, `stream: false`) in one chat over
   one connection, one every 2 ms for a fixed time, each timed from when it was due to its
   result (`trivial_latencies` says why a fixed rate);
-- **during writes**: the same calls in the same way while another chat, over a connection and
-  from a process of its own (`benchmarks/write_load.py`), writes a file of 16 MiB (less 1 KiB,
-  room for the message around it) one call after the other. The calls start once the first
-  write is done and end before the writer is stopped, so they all meet writes.
+- **during writes / edits**: the same calls in the same way while another chat, over a
+  connection and from a process of its own (`benchmarks/write_load.py`), writes a file of
+  16 MiB (less 1 KiB, room for the message around it), or edits four files of 16 MiB, one call
+  after the other. The calls start once the first call is done and end before the writer is
+  stopped, so they all meet the load.
 
-On `toolwire serve`'s defaults (SQLite journal, sync full), and again on the memory journal,
-which shows what the journal's share is: the journal keeps each call's args, 16 MiB per write.
-Reported: p50 and p99 of the trivial call's latency during the writes against alone, and how
-long each 16 MiB write took its own chat.
+Every agent runs under the loop-lag probe (`benchmarks/loop_lag.py`), read over the calls'
+window: the worst and the p99 lateness of a 1 ms ticker in the agent's own loop. Writes run on
+`toolwire serve`'s defaults (SQLite journal, sync full) and on the memory journal (the
+journal's share); edits, whose args are small, on serve's defaults. Reported: p50 and p99 of
+the trivial calls during each load against alone, the loop's lag during each load against
+alone (goals of issue 26 on serve's defaults), and how long each write or edit took its chat.
 """
 
 from __future__ import annotations
