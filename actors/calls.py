@@ -3,10 +3,10 @@ names that every request path shares. Pure: no trio, no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from toolwire.actors.records import ToolCallRecord
+from toolwire.actors.records import ToolCallRecord, args_fingerprint
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools.registry import TOOLS
 
@@ -29,6 +29,15 @@ class CallSpec:
     timeout_ms: int | None = None
     background: bool = False
     approval: bool = False
+    # `args_fingerprint(tool, args)` where the transport computed it already, off the event
+    # loop (a big message: `transport/big_messages.py`); None: ChatState computes it.
+    args_fingerprint: bytes | None = field(default=None, repr=False, compare=False)
+
+    def fingerprint(self) -> bytes:
+        """What a repeat of this call must match (`records.args_fingerprint`)."""
+        if self.args_fingerprint is not None:
+            return self.args_fingerprint
+        return args_fingerprint(self.tool, self.args)
 
 
 def conflict_error(record: ToolCallRecord) -> ToolwireError:

@@ -520,7 +520,7 @@ class ChatState:
             tool = lookup(spec.tool)
             parsed = parse_args(tool, spec.args)
             self._check_options(tool, spec)
-        fingerprint = args_fingerprint(spec.tool, spec.args)
+        fingerprint = spec.fingerprint()
         admission, record = self.records.admit(
             spec.call_id,
             shared_tool_name(spec.tool),
@@ -2073,10 +2073,16 @@ ChatState._handlers = _handler_table(ChatState)
 
 
 def turn_fingerprint(specs: list[CallSpec]) -> bytes:
-    """What a repeated turn must match: every call with its id, tool, args and options."""
+    """What a repeated turn must match: every call with its id, tool, args and options. The
+    args by their fingerprint (`CallSpec.fingerprint`): a turn's big args are then encoded
+    once, for the call's own fingerprint, or not at all on the loop where the transport made
+    it. Kept in memory only (`TurnState`), never journaled, so its definition may change."""
     return args_fingerprint(
         "turn",
-        [[s.call_id, s.tool, s.args, s.timeout_ms, s.background, s.approval] for s in specs],
+        [
+            [s.call_id, s.tool, s.fingerprint(), s.timeout_ms, s.background, s.approval]
+            for s in specs
+        ],
     )
 
 
@@ -2086,7 +2092,7 @@ def check_new_turn(records: RecordTable, specs: list[CallSpec]) -> list[bytes]:
     if not specs:
         raise ToolwireError("bad_args", "turn: calls must not be empty")
     seen: set[str] = set()
-    fingerprints = [args_fingerprint(spec.tool, spec.args) for spec in specs]
+    fingerprints = [spec.fingerprint() for spec in specs]
     for spec, fp in zip(specs, fingerprints, strict=True):
         if spec.call_id in seen:
             raise ToolwireError(

@@ -7,6 +7,7 @@ reference figures were measured): `ServerProcess` runs `python -m toolwire.bench
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # A server that has not printed its port by then is broken, not slow (imports take ~0.3 s).
@@ -52,25 +54,59 @@ def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
     return 0
 
 
-class ServerProcess:
-    """`python -m <module> <args>` serving on 127.0.0.1; `.port` once it is ready."""
+# The loop-lag probe (`benchmarks/loop_lag.py`), run by path so any build's interpreter runs it.
+LOOP_LAG_SCRIPT = Path(__file__).resolve().parent / "loop_lag.py"
+# How long the probe may take to answer `lag`: one loop turn, unless the loop is stalled.
+LOOP_LAG_ANSWER_S = 30.0
 
-    def __init__(self, python: str, module: str, args: list[str], workdir: Path) -> None:
+
+class ServerProcess:
+    """`python -m <module> <args>` serving on 127.0.0.1; `.port` once it is ready. With
+    `loop_lag`, the server runs under the loop-lag probe and `.loop_lag()` reads it."""
+
+    def __init__(
+        self,
+        python: str,
+        module: str,
+        args: list[str],
+        workdir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        loop_lag: bool = False,
+    ) -> None:
         self.module = module
         fd, log_name = tempfile.mkstemp(
             prefix=module.rsplit(".", 1)[-1] + "-", suffix=".log", dir=workdir
         )
         self._log_path = Path(log_name)
         self._log = os.fdopen(fd, "wb")  # closed in stop()
+        # -P: the probe's own directory (this checkout's benchmarks/) stays off the path.
+        command = [python, "-m", module]
+        if loop_lag:
+            command = [python, "-P", str(LOOP_LAG_SCRIPT), module]
         self.proc = subprocess.Popen(
-            [python, "-m", module, *args],
+            [*command, *args],
             stdout=subprocess.PIPE,
             stderr=self._log,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if loop_lag else subprocess.DEVNULL,
             cwd=str(workdir),
-            env=child_env(),
+            env=env if env is not None else child_env(),
         )
         self.port = self._read_port()
+
+    def loop_lag(self) -> dict[str, Any]:
+        """The probe's figures since the previous call (the first call starts the window):
+        `ticks`, `worst_ms`, `p99_ms`, `p50_ms` of a 1 ms ticker on the server's loop."""
+        if self.proc.stdin is None or self.proc.stdout is None:
+            raise RuntimeError(f"{self.module} runs without the loop-lag probe")
+        self.proc.stdin.write(b"lag\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], LOOP_LAG_ANSWER_S)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            raise RuntimeError(f"{self.module}: no loop-lag answer; see {self._log_path}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     @property
     def pid(self) -> int:
@@ -112,6 +148,8 @@ class ServerProcess:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         self._log.close()
 
     def __enter__(self) -> ServerProcess:

@@ -96,7 +96,7 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             )
             continue
         measurements = scenario["measurements"]
-        for row in scenario["comparisons"]:
+        for row in [*scenario["comparisons"], *scenario.get("against", [])]:
             base = row.get("baseline")
             base_unit = measurements[base]["unit"] if base else ""
             rows.append(
@@ -132,6 +132,13 @@ def markdown_machine(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
     commit = (m.get("git_commit") or "unknown")[:12] + (" (dirty)" if m.get("git_dirty") else "")
+    against = doc.get("against")
+    ref = (
+        f"- against REF {against['label']}: its agent from a virtualenv of its own, beside the"
+        " working tree's; rows `working tree vs REF` give new / REF\n"
+        if against
+        else ""
+    )
     return (
         f"- machine: {m['cores']} cores ({m['cpu_model']}), {m.get('memory_mib')} MiB, "
         f"{m['platform']}\n"
@@ -139,7 +146,7 @@ def markdown_machine(doc: dict[str, Any]) -> str:
         f"- commit {commit}; load average at start {m.get('load_average_at_start')}, "
         f"at end {doc.get('load_average_at_end')}\n"
         f"- mode: {'quick (tiny sizes)' if doc['quick'] else 'full'}; "
-        f"{doc['duration_s']:.0f} s in total\n"
+        f"{doc['duration_s']:.0f} s in total\n" + ref
     )
 
 

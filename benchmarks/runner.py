@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from toolwire.benchmarks import report
-from toolwire.benchmarks.core import BenchContext, ScenarioResult
+from toolwire.benchmarks.core import BenchContext, Build, ScenarioResult
 from toolwire.benchmarks.machine import load_average, machine_info
 from toolwire.benchmarks.scenarios import (
     abuse,
@@ -89,11 +89,22 @@ def run_bench(
     quick: bool = False,
     only: list[str] | None = None,
     console: Console | None = None,
+    against: str | None = None,
+    cache_dir: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Run the selected scenarios; write `bench-<stamp>.json`, `.md` and PNGs into `out_dir`.
-    Returns the run document and the files written."""
+    With `against`, REF's agent (built or taken from `cache_dir`) runs beside the working
+    tree's in every scenario. Returns the run document and the files written."""
     console = console or Console(stderr=True)
     chosen = select(only)
+    ref: Build | None = None
+    build_s = 0.0
+    if against is not None:
+        from toolwire.benchmarks.against import build
+
+        t_build = time.perf_counter()
+        ref = build(against, cache_dir, report=lambda text: console.print(text))
+        build_s = time.perf_counter() - t_build
     out_dir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(UTC)
     stem = "bench-" + started.strftime("%Y%m%d-%H%M%S") + ("-quick" if quick else "")
@@ -104,6 +115,14 @@ def run_bench(
         "machine": machine_info(),
         "scenarios": {},
     }
+    if ref is not None:
+        doc["against"] = {
+            "ref": against,
+            "commit": ref.commit,
+            "label": ref.label,
+            "python": ref.python,
+            "build_or_cache_s": round(build_s, 1),
+        }
     t0 = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="toolwire-bench-"))
     # Refreshed by hand between measurements: an auto-refresh thread would take CPU from the
@@ -128,9 +147,10 @@ def run_bench(
                     progress.refresh()
 
                 show(scenario.title)
-                ctx = BenchContext(quick=quick, workdir=workdir, report=show)
+                ctx = BenchContext(quick=quick, workdir=workdir, report=show, against=ref)
                 try:
                     result = scenario.run(ctx)
+                    result.notes += ctx.notes
                     doc["scenarios"][scenario.name] = {
                         "title": scenario.title,
                         **result.as_dict(),
@@ -203,15 +223,32 @@ def summary_table(doc: dict[str, Any]) -> Table:
     return table
 
 
-def main(*, quick: bool, out: Path, only: list[str]) -> int:
-    """The `toolwire bench` command: 0 when every scenario ran (goals may be missed), else 1."""
+def main(
+    *,
+    quick: bool,
+    out: Path,
+    only: list[str],
+    against: str | None = None,
+    cache_dir: Path | None = None,
+) -> int:
+    """The `toolwire bench` command: 0 when every scenario ran (goals may be missed), 1 when
+    one failed, 2 for an unknown scenario or a REF that cannot be built."""
+    from toolwire.benchmarks.against import BuildError
+
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)  # a log file: no need to fold the table into 80 columns
     try:
-        doc, _ = run_bench(out, quick=quick, only=only or None, console=console)
-    except UnknownScenario as exc:
-        console.print(f"toolwire bench: {exc}")
+        doc, _ = run_bench(
+            out,
+            quick=quick,
+            only=only or None,
+            console=console,
+            against=against,
+            cache_dir=cache_dir,
+        )
+    except (UnknownScenario, BuildError) as exc:
+        console.print(f"toolwire bench: {exc}", markup=False)
         return 2
     failed = [name for name, s in doc["scenarios"].items() if "error" in s]
     if failed:

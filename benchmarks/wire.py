@@ -127,6 +127,7 @@ class Incoming(msgspec.Struct):
     result: Any = None
     code: str | None = None
     message: str | None = None
+    text: str | None = None
 
 
 class Codec:
@@ -182,7 +183,7 @@ def check_completed(message: Incoming) -> None:
     if message.type == "error":
         raise UnexpectedReply(f"error {message.code}: {message.message}")
     if message.type == "result" and message.outcome != "completed":
-        raise UnexpectedReply(f"call {message.call_id} ended {message.outcome}")
+        raise UnexpectedReply(f"call {message.call_id} ended {message.outcome}: {message.text}")
 
 
 async def _pipeline(

@@ -141,8 +141,23 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME,...",
         help=(
             "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
-            " bigwrite)"
+            " bigwrite, interactive)"
         ),
+    )
+    bench.add_argument(
+        "--against",
+        default=None,
+        metavar="REF",
+        help="also run the agent of REF (a commit, tag or branch), built into a virtualenv of "
+        "its own, beside the working tree's; rows give new / REF",
+    )
+    bench.add_argument(
+        "--against-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where REF's builds are kept, by commit (default $TOOLWIRE_BENCH_CACHE, else "
+        "~/.cache/toolwire/bench-builds)",
     )
 
     sim = sub.add_parser("sim", help="deterministic fault-injection simulation of the agent")
@@ -281,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         from toolwire.benchmarks.runner import main as bench_main
 
         only = [name.strip() for name in args.only.split(",") if name.strip()]
-        return bench_main(quick=args.quick, out=args.out, only=only)
+        return bench_main(
+            quick=args.quick,
+            out=args.out,
+            only=only,
+            against=args.against,
+            cache_dir=args.against_cache,
+        )
     if args.command == "sim":
         from toolwire.simulation.cli import run_from_args
 

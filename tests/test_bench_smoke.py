@@ -7,8 +7,18 @@ import json
 import math
 from pathlib import Path
 
-from toolwire.benchmarks import plots
-from toolwire.benchmarks.core import Comparison, Goal, Measurement, percentile
+import pytest
+
+from toolwire.benchmarks import against, plots
+from toolwire.benchmarks.core import (
+    TREE,
+    Build,
+    Comparison,
+    Goal,
+    Measurement,
+    RefUnavailable,
+    percentile,
+)
 from toolwire.benchmarks.runner import SCENARIOS
 from toolwire.benchmarks.scenarios.scale import max_overlap
 from toolwire.cli.main import main
@@ -98,3 +108,47 @@ def test_max_overlap_counts_intervals_open_at_once() -> None:
     assert max_overlap([]) == 0
     assert max_overlap([(0, 10), (5, 15), (9, 20)]) == 3
     assert max_overlap([(0, 5), (5, 10)]) == 1  # an end closes before a start at the same time
+
+
+def test_bench_against_a_ref_runs_its_agent_beside_and_reports_ratio_rows(tmp_path: Path) -> None:
+    """`--against HEAD`: HEAD built into a virtualenv of its own (cached by commit in the
+    user's build cache, shared with real runs: the first build takes about 40 s, later runs
+    reuse it), its agents run beside the working tree's, and every toolwire measurement gets a
+    twin and `working tree vs REF` rows with numbers."""
+    head = against.resolve("HEAD")
+    assert main(["bench", "--quick", "--only", "transport", "--against", "HEAD",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    [json_file] = tmp_path.glob("bench-*.json")
+    doc = json.loads(json_file.read_text())
+    assert doc["against"]["commit"] == head
+    assert Path(doc["against"]["python"]).is_relative_to(against.default_cache_dir() / head)
+    scenario = doc["scenarios"]["transport"]
+    assert "error" not in scenario, scenario.get("error")
+    measurements = scenario["measurements"]
+    assert {"toolwire_pipelined@ref", "toolwire_single@ref"} <= set(measurements)
+    assert "echo_pipelined@ref" not in measurements  # baselines run once, the tree's
+    rows = scenario["against"]
+    assert {row["toolwire"] for row in rows} >= {"toolwire_pipelined", "toolwire_single"}
+    for row in rows:
+        assert row["baseline"] == row["toolwire"] + "@ref"
+        assert _number(row["ratio"]), row
+    assert "working tree vs REF" in next(tmp_path.glob("bench-*.md")).read_text()
+
+
+def test_bench_against_an_unknown_ref_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    assert main(["bench", "--quick", "--only", "transport", "--against", "no-such-ref-x",
+                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert not list(tmp_path.glob("bench-*.json"))
+    with pytest.raises(against.BuildError, match=r"no-such-ref-x.*names no commit"):
+        against.resolve("no-such-ref-x")
+
+
+def test_a_flag_a_ref_server_lacks_is_shimmed_or_named() -> None:
+    old = Build("ref", "old", "python", server_flags=frozenset({"--workspace", "--token"}))
+    args = ["--workspace=/w", "--journal=memory", "--sync=full", "--token=t"]
+    assert against.server_args(old, args, "toolwire-memory") == ["--workspace=/w", "--token=t"]
+    with pytest.raises(RefUnavailable, match="has no --skip-commits"):
+        against.server_args(old, ["--workspace=/w", "--skip-commits"], "toolwire-skipcommits")
+    with pytest.raises(RefUnavailable, match="has no --sync"):
+        against.server_args(old, ["--sync=normal"], "toolwire-normal")
+    assert against.server_args(TREE, args, "toolwire") == args

@@ -8,9 +8,10 @@ import logging
 import pytest
 import trio
 import trio.testing
-from wsproto.events import TextMessage
+from wsproto.events import BytesMessage, TextMessage
 
 from tests.wsclient import FrameConn
+from toolwire.transport.big_messages import BIG_MESSAGE_BYTES, PreparedMessage
 from toolwire.transport.connection import DirectConnection, open_server_connection
 
 
@@ -19,12 +20,18 @@ class Sink:
 
     def __init__(self) -> None:
         self.messages: list[str | bytes] = []
+        self.prepared: list[PreparedMessage | None] = []
         self.too_big = 0
 
-    def on_message(self, message: str | bytes) -> None:
+    def on_message(self, message: str | bytes, prepared: PreparedMessage | None = None) -> None:
         if message == "boom":
             raise RuntimeError("planted failure")
         self.messages.append(message)
+        self.prepared.append(prepared)
+
+    async def prepare_big_message(self, message: str | bytes) -> PreparedMessage:
+        await trio.lowlevel.checkpoint()  # as a real sink awaits: later messages come after
+        return PreparedMessage(message=len(message), error=None)
 
     def on_too_big(self) -> None:
         self.too_big += 1
@@ -80,6 +87,34 @@ async def test_fragmented_messages_are_joined_and_counted_in_bytes(nursery: trio
             await trio.testing.wait_all_tasks_blocked()
     assert sink.messages == ["abcd", b"\x00\x01", "éé"]
     assert sink.too_big == 1
+    await client.aclose()
+
+
+async def test_a_big_message_is_joined_off_the_loop_prepared_and_kept_in_order(
+    nursery: trio.Nursery,
+) -> None:
+    """A message of BIG_MESSAGE_BYTES or more, in many parts, is joined whole, goes to the
+    sink's `prepare_big_message` (which awaits), and is applied with what it prepared, after
+    the message before it and before the one after it; a smaller one is applied at once."""
+    port, connections, sink = await _serve_one(nursery, max_message_bytes=4 * BIG_MESSAGE_BYTES)
+    client = await FrameConn.open(port, None)
+    await connections.receive()
+    part = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    await client.stream.send_all(
+        client.frames(
+            b"before",
+            BytesMessage(data=part, message_finished=False),
+            BytesMessage(data=part, message_finished=False),
+            BytesMessage(data=b"end", message_finished=True),
+            b"after",
+        )
+    )
+    with trio.fail_after(10):
+        while len(sink.messages) < 3:
+            await trio.testing.wait_all_tasks_blocked()
+    big = part * 2 + b"end"
+    assert sink.messages == [b"before", big, b"after"]
+    assert [p.message if p else None for p in sink.prepared] == [None, len(big), None]
     await client.aclose()
 
 

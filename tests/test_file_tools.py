@@ -379,25 +379,35 @@ def _lines_or_failure(lines: Any) -> list[tuple[bytes, str]] | str:
     block=st.integers(1, 8),
     sniff=st.integers(1, 12),
 )  # fmt: skip
-def test_read_file_lines_match_the_file_object_reader(data: bytes, block: int, sniff: int) -> None:
-    """read_file reads with os.read in blocks (`_fd_text_lines`); every other tool iterates a
-    file object (`_text_lines`). Same lines, same NUL sniff, same UTF-8 failure and offset,
-    wherever the blocks cut the lines."""
+def test_read_file_lines_match_the_whole_file_reader(data: bytes, block: int, sniff: int) -> None:
+    """read_file reads with os.read in blocks (`_fd_text_lines`); edit_files decodes the whole
+    file at once (`_whole_text`). Same text cut into the file's lines, same NUL sniff, same
+    UTF-8 failure and offset, wherever the blocks cut the lines."""
     with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
         mp.setattr(files, "READ_BLOCK_BYTES", block)
         mp.setattr(files, "BINARY_SNIFF_BYTES", sniff)
         path = Path(d, "f")
         path.write_bytes(data)
-        with open(path, "rb") as f:
-            model = _lines_or_failure(
-                (line.raw, line.text) for line in files._text_lines(f, "f", "read_file")
-            )
+        model: list[tuple[bytes, str]] | str
+        try:
+            text = files._whole_text(data, "f", "read_file")
+            model = [(raw, raw.decode()) for raw in _newline_lines(data)]
+            assert "".join(line for _, line in model) == text
+        except files.ToolFailure as failure:
+            model = failure.text
         fd = os.open(path, os.O_RDONLY)
         try:
             got = _lines_or_failure(files._fd_text_lines(fd, "f", "read_file", lambda _block: None))
         finally:
             os.close(fd)
     assert got == model
+
+
+def _newline_lines(data: bytes) -> list[bytes]:
+    """`data` cut after each "\\n" (the last line may lack one)."""
+    lines = [piece + b"\n" for piece in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return [line for line in lines if line]
 
 
 def test_read_file_says_what_a_path_is_when_it_cannot_open_it(ws: Path) -> None:

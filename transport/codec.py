@@ -88,21 +88,23 @@ class Codec:
         msgspec refuses lone surrogates) for a text frame, or MessagePack for a binary one."""
         return self._encoder.encode(message)
 
-    def decode(self, frame: str | bytes) -> Any:
+    def decode(self, frame: str | bytes, may_exceed: bool | None = None) -> Any:
         """Decode one WebSocket message into a protocol Struct, or raise MessageError. A value
         out of the bounds of PROTOCOL.md 9.9 anywhere in it (unknown fields included) makes
-        the whole message invalid, before anything acts on it."""
+        the whole message invalid, before anything acts on it. `may_exceed`: the answer of
+        `may_exceed_bounds(frame)` where the caller has it already (it scans a big frame in
+        pieces, `may_exceed_bounds_in_pieces`)."""
         try:
             if self.encoding == "json":
                 if not isinstance(frame, str):
                     raise MessageError("toolwire.v1.json takes text frames, not binary ones", {})
-                if self._checks_bounds and may_exceed_bounds(frame):
+                if self._checks_bounds and _may_exceed(frame, may_exceed):
                     self._check_bounds(self._json_any.decode(frame))
                 message = self._json_decoder.decode(frame)
             else:
                 if not isinstance(frame, bytes):
                     raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
-                if self._checks_bounds and may_exceed_bounds(frame):
+                if self._checks_bounds and _may_exceed(frame, may_exceed):
                     self._check_bounds(self._msgpack_any.decode(frame))
                 message = self._msgpack_decoder.decode(frame)
         except msgspec.DecodeError as exc:
@@ -184,3 +186,7 @@ def json_schema() -> dict[str, Any]:
         "oneOf": [{"$ref": "#/$defs/ClientToAgent"}, {"$ref": "#/$defs/AgentToClient"}],
         "$defs": components,
     }
+
+
+def _may_exceed(frame: str | bytes, known: bool | None) -> bool:
+    return may_exceed_bounds(frame) if known is None else known

@@ -42,6 +42,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import BytesMessage, TextMessage
 
 from toolwire.transport import ws_private
+from toolwire.transport.big_messages import BIG_MESSAGE_BYTES, PreparedMessage, join_parts
 from toolwire.transport.message_bytes import MessageBytes
 
 log = logging.getLogger("toolwire.server")
@@ -52,8 +53,13 @@ CLOSE_INTERNAL_ERROR = 1011
 class MessageSink(Protocol):
     """Where a connection's messages go (the server's `Session`)."""
 
-    def on_message(self, message: str | bytes) -> None:
-        """Apply one complete message; must not block and should not raise."""
+    def on_message(self, message: str | bytes, prepared: PreparedMessage | None = None) -> None:
+        """Apply one complete message (`prepared`: made ready by `prepare_big_message`); must
+        not block and should not raise."""
+
+    async def prepare_big_message(self, message: str | bytes) -> PreparedMessage:
+        """Make a message of BIG_MESSAGE_BYTES or more ready off the event loop, or in small
+        steps (`transport/big_messages.py`); the reader reads on only after it."""
 
     def on_too_big(self) -> None:
         """A message went over the size limit; nothing after it will be delivered."""
@@ -147,15 +153,17 @@ class DirectConnection(ws_private.MessageHookConnection):
             self._parts_bytes = size
             return
         message: str | bytes
+        big = size >= BIG_MESSAGE_BYTES
         if self._parts:
             self._parts.append(data)
+            parts, self._parts = self._parts, []
+            self._parts_bytes = 0
             # wsproto never mixes text and binary parts within one message.
             if isinstance(data, bytes):
-                message = b"".join(cast("list[bytes]", self._parts))
+                binary = cast("list[bytes]", parts)
+                message = await join_parts(binary) if big else b"".join(binary)
             else:
-                message = "".join(cast("list[str]", self._parts))
-            self._parts = []
-            self._parts_bytes = 0
+                message = "".join(cast("list[str]", parts))  # str.join keeps the GIL
         else:
             message = data
         sink = self._sink
@@ -165,7 +173,10 @@ class DirectConnection(ws_private.MessageHookConnection):
                 self.drop_partial()
                 return
         try:
-            sink.on_message(message)
+            prepared = await sink.prepare_big_message(message) if big else None
+            if self._refusing or self._sink is not sink:
+                return  # the session ended while the message was made ready
+            sink.on_message(message, prepared)
             backlogged = sink.backlogged()
         except Exception:
             log.exception("connection %s: applying a message failed; closing it", self)

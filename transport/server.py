@@ -27,7 +27,16 @@ from toolwire.actors.agent import Agent
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.outbox import JSON_OUTPUT_CHUNK_BYTES, OUTPUT_CHUNK_BYTES, Outbox
 from toolwire.actors.results import Result, ToolwireError
-from toolwire.transport import access_control, access_log, frames, http_status, protocol, ws_private
+from toolwire.transport import (
+    access_control,
+    access_log,
+    big_messages,
+    frames,
+    http_status,
+    protocol,
+    ws_private,
+)
+from toolwire.transport.big_messages import PreparedMessage
 from toolwire.transport.buffered import WriteBufferedStream
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, MessageError, choose_subprotocol
 from toolwire.transport.connection import DirectConnection, open_server_connection
@@ -396,8 +405,11 @@ class Session:
 
     # MessageSink: called by the connection's reader task, synchronously, per message.
 
-    def on_message(self, message: str | bytes) -> None:
-        self._dispatch(message)
+    def on_message(self, message: str | bytes, prepared: PreparedMessage | None = None) -> None:
+        self._dispatch(message, prepared)
+
+    async def prepare_big_message(self, message: str | bytes) -> PreparedMessage:
+        return await big_messages.prepare(self.codec, message)
 
     def on_too_big(self) -> None:
         self._too_big.set()
@@ -439,9 +451,15 @@ class Session:
         await self.close(CLOSE_TOO_BIG, "message too big")
         scope.cancel()
 
-    def _dispatch(self, frame: str | bytes) -> None:
+    def _dispatch(self, frame: str | bytes, prepared: PreparedMessage | None = None) -> None:
+        fingerprints: tuple[bytes | None, ...] | None = None
         try:
-            message = self.codec.decode(frame)
+            if prepared is None:
+                message = self.codec.decode(frame)
+            elif prepared.error is not None:
+                raise prepared.error
+            else:
+                message, fingerprints = prepared.message, prepared.fingerprints
         except MessageError as exc:
             self._send_error(events.ErrorEvent("bad_message", exc.message, **exc.envelope))
             return
@@ -449,7 +467,12 @@ class Session:
         chat_id = getattr(message, "chat_id", None)
         call_id = getattr(message, "call_id", None)
         try:
-            self._handlers[type(message)](message)
+            if fingerprints is None:
+                self._handlers[type(message)](message)
+            elif isinstance(message, protocol.Call):
+                self._on_call(message, fingerprints[0])
+            else:
+                self._on_turn(message, fingerprints)
         except ToolwireError as exc:
             self._send_error(events.ErrorEvent(exc.code, exc.message, rid, chat_id, call_id))
         except Exception:
@@ -470,8 +493,10 @@ class Session:
         )
         self.outbox.put(error)
 
-    def _on_call(self, m: protocol.Call) -> None:
-        spec = CallSpec(m.call_id, m.tool, m.args, m.timeout_ms, m.background, m.approval)
+    def _on_call(self, m: protocol.Call, fingerprint: bytes | None = None) -> None:
+        spec = CallSpec(
+            m.call_id, m.tool, m.args, m.timeout_ms, m.background, m.approval, fingerprint
+        )
         self.agent.call(self.outbox, m.chat_id, spec, stream=m.stream, rid=m.rid)
 
     def _on_attach(self, m: protocol.Attach) -> None:
@@ -486,10 +511,13 @@ class Session:
     def _on_approve(self, m: protocol.Approve) -> None:
         self.agent.approve(self.outbox, m.chat_id, m.call_id, m.approved, m.rid, m.reason, m.scope)
 
-    def _on_turn(self, m: protocol.Turn) -> None:
+    def _on_turn(
+        self, m: protocol.Turn, fingerprints: tuple[bytes | None, ...] | None = None
+    ) -> None:
+        made = fingerprints or (None,) * len(m.calls)
         specs = [
-            CallSpec(c.call_id, c.tool, c.args, c.timeout_ms, c.background, c.approval)
-            for c in m.calls
+            CallSpec(c.call_id, c.tool, c.args, c.timeout_ms, c.background, c.approval, fp)
+            for c, fp in zip(m.calls, made, strict=True)
         ]
         self.agent.turn(self.outbox, m.chat_id, m.turn_id, specs, stream=m.stream, rid=m.rid)
 

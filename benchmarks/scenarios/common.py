@@ -6,12 +6,12 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
-from toolwire.benchmarks.core import BenchContext, Measurement
+from toolwire.benchmarks.core import BenchContext, Build, Measurement, RefUnavailable, current_build
 from toolwire.benchmarks.procs import CpuMeter, ServerProcess, ThreadTimes
 from toolwire.benchmarks.wire import WsConn, ws_connect
 
@@ -66,16 +66,39 @@ def make_workspace(ctx: BenchContext) -> Path:
 
 @dataclass
 class Servers:
+    """The servers of a scenario by name. While a variant runs for REF (`--against`), an agent
+    server's name gives REF's twin of it (or RefUnavailable, saying why REF cannot run it)."""
+
     token: str
     workspace: Path
     procs: dict[str, ServerProcess]
+    ref_procs: dict[str, ServerProcess] = field(default_factory=dict)
+    ref_unavailable: dict[str, str] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> ServerProcess:
+        if current_build().is_ref and name in AGENT_SERVERS:
+            if name in self.ref_unavailable:
+                raise RefUnavailable(self.ref_unavailable[name])
+            return self.ref_procs[name]
         return self.procs[name]
 
 
+# The servers that are toolwire's agent (the rest are baselines, always the working tree's).
+AGENT_SERVERS = frozenset(
+    {
+        "toolwire",
+        "toolwire-normal",
+        "toolwire-nometrics",
+        "toolwire-memory",
+        "toolwire-skipcommits",
+        "toolwire-2",
+        "toolwire-memory-2",
+    }
+)
+
+
 @contextmanager
-def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
+def servers(ctx: BenchContext, *names: str, loop_lag: bool = False) -> Iterator[Servers]:
     """Start the named servers as subprocesses (sharing one workspace and token); stop them
     after. `echo`: stock trio-websocket echo; `echo-wsproto`: the fastest echo this machine
     does in Python (wsproto on a raw trio stream, toolwire's write coalescing); `toolwire`: the
@@ -85,7 +108,11 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
     the memory journal (nothing survives a restart); `toolwire-skipcommits`: the same as
     `toolwire` with the statements of every commit skipped (a bound, not durable);
     `toolwire-2` and `toolwire-memory-2`: second agents like `toolwire` and `toolwire-memory`,
-    with state of their own; `http`: the request/response baseline on the same actors."""
+    with state of their own; `http`: the request/response baseline on the same actors.
+
+    With `--against`, every agent server also gets a twin on REF's agent (state of its own,
+    the same workspace and token). With `loop_lag`, the agent servers run under the loop-lag
+    probe (`ServerProcess.loop_lag`)."""
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
     agent = "toolwire.benchmarks.toolwire_server"
@@ -137,18 +164,45 @@ def servers(ctx: BenchContext, *names: str) -> Iterator[Servers]:
             [f"--workspace={workspace}", "--journal=sqlite", f"--state-dir={ctx.scratch('state')}"],
         ),
     }
-    procs: dict[str, ServerProcess] = {}
+    started = Servers(token, workspace, {})
     try:
         for name in names:
             module, args = modules[name]
             if not name.startswith("echo"):
                 args = [*args, f"--token={token}"]  # `=`: a token may start with "-"
+            probe = loop_lag and name in AGENT_SERVERS
             ctx.report(f"starting {module}")
-            procs[name] = ServerProcess(ctx.python, module, args, ctx.workdir)
-        yield Servers(token, workspace, procs)
+            started.procs[name] = ServerProcess(
+                ctx.python, module, args, ctx.workdir, loop_lag=probe
+            )
+            if ctx.against is not None and name in AGENT_SERVERS:
+                _start_ref_twin(ctx, ctx.against, started, name, args, probe)
+        yield started
     finally:
-        for proc in procs.values():
+        for proc in [*started.procs.values(), *started.ref_procs.values()]:
             proc.stop()
+
+
+def _start_ref_twin(
+    ctx: BenchContext, ref: Build, started: Servers, name: str, args: list[str], probe: bool
+) -> None:
+    from toolwire.benchmarks.against import server_args
+
+    # A state dir of its own: the twin must not open the working tree's agent's journal.
+    args = [
+        f"--state-dir={ctx.scratch('state-ref')}" if arg.startswith("--state-dir=") else arg
+        for arg in args
+    ]
+    try:
+        ref_args = server_args(ref, args, name)
+    except RefUnavailable as exc:
+        started.ref_unavailable[name] = str(exc)
+        return
+    module = ref.module("toolwire_server")
+    ctx.report(f"starting {module} of REF {ref.label}")
+    started.ref_procs[name] = ServerProcess(
+        ref.python, module, ref_args, ctx.workdir, env=ref.env, loop_lag=probe
+    )
 
 
 def timed_ws(

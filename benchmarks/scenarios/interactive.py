@@ -47,6 +47,7 @@ from toolwire.benchmarks.core import (
     Comparison,
     Measurement,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers
@@ -95,12 +96,10 @@ class Lines:
 
     def record(self, m: Measurement) -> None:
         add_latencies(m, self.round_trip)
-        m.extra.setdefault("echo_p50_ms", []).append(statistics.median(self.echo))
-        m.extra.setdefault("pieces_per_line", []).append(statistics.mean(self.pieces))
+        m.add_extra("echo_p50_ms", statistics.median(self.echo))
+        m.add_extra("pieces_per_line", statistics.mean(self.pieces))
         if self.input_result:
-            m.extra.setdefault("input_result_p50_ms", []).append(
-                statistics.median(self.input_result)
-            )
+            m.add_extra("input_result_p50_ms", statistics.median(self.input_result))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,9 +426,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
             raw_repeat(cat, n_lines).record(raw)
 
         variants = [
-            *(lambda r, k=k: toolwire_variant(k, r) for k in SERVERS),
+            *(agent(lambda r, k=k: toolwire_variant(k, r)) for k in SERVERS),
             raw_variant,
-            *(lambda r, k=k: trivial_variant(k, r) for k in SERVERS),
+            *(agent(lambda r, k=k: trivial_variant(k, r)) for k in SERVERS),
         ]
         run_side_by_side(ctx, "interactive", variants, repeats)
 

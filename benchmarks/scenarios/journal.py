@@ -35,6 +35,7 @@ from toolwire.benchmarks.core import (
     Goal,
     Measurement,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
@@ -188,9 +189,9 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 add_latencies(m, commit_latencies_ms(scratch, sync, n_commits))
 
         variants = [
-            *(lambda r, k=k: trivial_pipelined(k, r) for k in SERVERS),
-            *(lambda r, k=k: one_at_a_time(k, "read_file", r) for k in SERVERS),
-            *(lambda r, k=k: one_at_a_time(k, "execute", r) for k in EXECUTE_KEYS),
+            *(agent(lambda r, k=k: trivial_pipelined(k, r)) for k in SERVERS),
+            *(agent(lambda r, k=k: one_at_a_time(k, "read_file", r)) for k in SERVERS),
+            *(agent(lambda r, k=k: one_at_a_time(k, "execute", r)) for k in EXECUTE_KEYS),
             bare_commits,
         ]
         run_side_by_side(ctx, "journal", variants, repeats)
@@ -285,4 +286,4 @@ def add_latencies(m: Measurement, samples: list[float]) -> None:
     """One repeat of a latency: its p50 as the repeat's value (so ratios pair repeats), and
     every sample pooled for the p50/p99 over the run."""
     m.add(statistics.median(samples))
-    m.samples.extend(samples)
+    m.add_samples(samples)

@@ -22,6 +22,7 @@ from toolwire.benchmarks.core import (
     Comparison,
     Goal,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.scenarios.common import Timed, servers, timed_ws
@@ -72,7 +73,6 @@ def run(ctx: BenchContext) -> ScenarioResult:
     env = dict(os.environ)
 
     with servers(ctx, "toolwire") as srv:
-        server = srv["toolwire"]
 
         def toolwire(r: int, c: int) -> None:
             codec = Codec("json")
@@ -86,7 +86,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 for i in range(min(n_spawns, 20))
             ]
             timed_ws(
-                server,
+                srv["toolwire"],
                 lambda conn: pipelined_calls(conn, codec, frames, c),
                 token=srv.token,
                 subprotocol=codec.subprotocol,
@@ -106,7 +106,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             return lambda r: fn(r, c)
 
         variants = [
-            at(fn, c)
+            agent(at(fn, c)) if fn is toolwire else at(fn, c)
             for c in CONCURRENCY
             for fn in (toolwire, bare_trio, posix_spawn, posix_spawn_shell)
         ]

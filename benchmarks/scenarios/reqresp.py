@@ -33,6 +33,7 @@ from toolwire.benchmarks.core import (
     Goal,
     Measurement,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.http_baseline import HttpClient
@@ -117,7 +118,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
     rng = random.Random(6)
 
     with servers(ctx, "toolwire", "http") as srv:
-        tw, http = srv["toolwire"], srv["http"]
+        http = srv["http"]
         token = srv.token
 
         def toolwire_trivial(r: int) -> None:
@@ -132,7 +133,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 for i in range(min(n_calls, 256))
             ]
             timed = timed_ws(
-                tw,
+                srv["toolwire"],
                 lambda c: pipelined_calls(c, codec, frames, CONCURRENCY),
                 token=token,
                 subprotocol=codec.subprotocol,
@@ -147,6 +148,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             b_http.add(timed.wire_bytes / timed.ops)
 
         def toolwire_ttfb(r: int) -> None:
+            tw = srv["toolwire"]
             trio.run(_toolwire_ttfb, tw, token, f"ttfb-{r}", command, ttfb_trials, t_tw, rng)
 
         def http_poll_ttfb(r: int) -> None:
@@ -160,6 +162,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             )
 
         def toolwire_ttfb_pinned(r: int) -> None:
+            tw = srv["toolwire"]
             with pinned(tw.pid):
                 trio.run(
                     _toolwire_ttfb, tw, token, f"ttfb-pin-{r}", command, ttfb_trials, t_tw_pin, rng
@@ -180,20 +183,20 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 )
 
         def toolwire_cancel(r: int) -> None:
-            trio.run(_toolwire_cancel, tw, token, f"cancel-{r}", cancel_trials, c_tw)
+            trio.run(_toolwire_cancel, srv["toolwire"], token, f"cancel-{r}", cancel_trials, c_tw)
 
         def http_cancel(r: int) -> None:
             trio.run(_http_cancel, http, token, f"cancel-http-{r}", cancel_trials, c_http)
 
         variants = [
-            toolwire_trivial,
+            agent(toolwire_trivial),
             http_trivial,
-            toolwire_ttfb,
+            agent(toolwire_ttfb),
             http_poll_ttfb,
             http_longpoll_ttfb,
-            toolwire_ttfb_pinned,
+            agent(toolwire_ttfb_pinned),
             http_longpoll_ttfb_pinned,
-            toolwire_cancel,
+            agent(toolwire_cancel),
             http_cancel,
         ]
         run_side_by_side(ctx, "reqresp", variants, repeats)
@@ -353,7 +356,7 @@ async def _http_ttfb(
                     await trio.sleep(POLL_INTERVAL_MS / 1000)
     finally:
         await counter.aclose()
-    m.samples.extend(samples)
+    m.add_samples(samples)
     m.add(statistics.median(samples))
 
 
@@ -382,7 +385,7 @@ async def _http_cancel(
                 raise UnexpectedReply(f"cancel of a running sleep ended {outcome}")
     finally:
         await counter.aclose()
-    m.samples.extend(samples)
+    m.add_samples(samples)
     m.add(statistics.median(samples))
 
 
@@ -417,7 +420,7 @@ async def _toolwire_ttfb(
                     break
                 if message.type in ("result", "error"):
                     raise UnexpectedReply(f"{command!r} ended without output: {message}")
-    m.samples.extend(samples)
+    m.add_samples(samples)
     m.add(statistics.median(samples))
 
 
@@ -441,7 +444,7 @@ async def _toolwire_cancel(
             outcome = reply.result.get("outcome") if isinstance(reply.result, dict) else None
             if outcome != "canceled":
                 raise UnexpectedReply(f"cancel of a running sleep ended {outcome}")
-    m.samples.extend(samples)
+    m.add_samples(samples)
     m.add(statistics.median(samples))
 
 

@@ -36,6 +36,8 @@ from toolwire.benchmarks.core import (
     Goal,
     Measurement,
     ScenarioResult,
+    agent,
+    current_build,
     run_side_by_side,
 )
 from toolwire.benchmarks.procs import ServerProcess, child_env, rss_bytes
@@ -139,7 +141,6 @@ def run(ctx: BenchContext) -> ScenarioResult:
     workspace = make_workspace(ctx)
 
     with servers(ctx, "toolwire") as srv:
-        server = srv["toolwire"]
 
         def worker(journal: str, window: int, state_dir: Path | None = None) -> dict[str, float]:
             out = _scale_worker(ctx, workspace, chats, records, journal, window, state_dir)
@@ -187,7 +188,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         def toolwire_procs(r: int) -> None:
             trio.run(
                 _toolwire_procs,
-                server,
+                srv["toolwire"],
                 srv.token,
                 f"procs-{r}",
                 n_procs,
@@ -200,7 +201,10 @@ def run(ctx: BenchContext) -> ScenarioResult:
         def trio_procs(r: int) -> None:
             trio.run(_trio_procs, n_procs, sleep_s, m_trio_wall, m_trio_peak)
 
-        variants = [memory_sqlite, memory_memory, memory_burst, toolwire_procs, trio_procs]
+        variants = [
+            *(agent(v) for v in (memory_sqlite, memory_memory, memory_burst, toolwire_procs)),
+            trio_procs,
+        ]
         run_side_by_side(ctx, "scale", variants, repeats)
 
     res.comparisons = [
@@ -262,10 +266,11 @@ def _scale_worker(
     state_dir: Path | None = None,
     recover: bool = False,
 ) -> dict[str, float]:
+    build = current_build()  # the worker is the agent: REF's with `--against`
     argv = [
-        ctx.python,
+        build.python,
         "-m",
-        "toolwire.benchmarks.scale_worker",
+        build.module("scale_worker"),
         "--workspace",
         str(workspace),
         "--chats",
@@ -282,7 +287,12 @@ def _scale_worker(
     if recover:
         argv.append("--recover")
     out = subprocess.run(
-        argv, capture_output=True, text=True, env=child_env(), cwd=ctx.workdir, check=False
+        argv,
+        capture_output=True,
+        text=True,
+        env=build.env if build.env is not None else child_env(),
+        cwd=ctx.workdir,
+        check=False,
     )
     if out.returncode != 0:
         raise RuntimeError(f"scale_worker failed: {out.stderr[-2000:]}")

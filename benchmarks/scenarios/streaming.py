@@ -29,6 +29,7 @@ from toolwire.benchmarks.core import (
     Goal,
     Measurement,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.procs import CpuMeter, ServerProcess
@@ -49,13 +50,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
     m_pipe = res.measurement("trio_pipe", "plain trio pipe read", "MB/s")
 
     with servers(ctx, "toolwire") as srv:
-        server = srv["toolwire"]
 
         def toolwire(r: int, encoding: str) -> None:
             m = m_mp if encoding == "msgpack" else m_js
             trio.run(
                 _toolwire_stream,
-                server,
+                srv["toolwire"],
                 srv.token,
                 encoding,
                 f"stream-{encoding}-{r}",
@@ -67,7 +67,11 @@ def run(ctx: BenchContext) -> ScenarioResult:
         def pipe(r: int) -> None:
             trio.run(_trio_pipe, ["head", "-c", str(size), "/dev/zero"], size, m_pipe)
 
-        variants = [lambda r: toolwire(r, "msgpack"), lambda r: toolwire(r, "json"), pipe]
+        variants = [
+            agent(lambda r: toolwire(r, "msgpack")),
+            agent(lambda r: toolwire(r, "json")),
+            pipe,
+        ]
         run_side_by_side(ctx, "streaming", variants, repeats)
 
     res.comparisons = [

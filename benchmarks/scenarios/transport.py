@@ -19,6 +19,7 @@ from toolwire.benchmarks.core import (
     Comparison,
     Goal,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
@@ -69,7 +70,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
     with servers(
         ctx, "echo", "echo-wsproto", "toolwire", "toolwire-memory", "toolwire-nometrics"
     ) as srv:
-        echo, tw = srv["echo"], srv["toolwire"]
+        echo = srv["echo"]
 
         def echo_pipelined(r: int, server: str = "echo") -> None:
             frames: list[str | bytes] = [payload] * n_echo
@@ -123,18 +124,20 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     await await_result(conn, codec, f"c{i}")
                 return n_single
 
-            timed_ws(tw, body, token=srv.token, subprotocol=codec.subprotocol).record(m_one)
+            timed_ws(srv["toolwire"], body, token=srv.token, subprotocol=codec.subprotocol).record(
+                m_one
+            )
 
         variants = [
             echo_pipelined,
             lambda r: echo_pipelined(r, "echo-wsproto"),
             echo_pingpong,
-            toolwire_pipelined,
+            agent(toolwire_pipelined),
             # Right after its metrics-on twin: the pair meets the same machine load.
-            lambda r: toolwire_pipelined(r, server="toolwire-nometrics"),
-            lambda r: toolwire_pipelined(r, server="toolwire-memory"),
-            lambda r: toolwire_pipelined(r, "msgpack"),
-            toolwire_single,
+            agent(lambda r: toolwire_pipelined(r, server="toolwire-nometrics")),
+            agent(lambda r: toolwire_pipelined(r, server="toolwire-memory")),
+            agent(lambda r: toolwire_pipelined(r, "msgpack")),
+            agent(toolwire_single),
         ]
         run_side_by_side(ctx, "transport", variants, repeats)
 
