@@ -798,6 +798,7 @@ class ChatState:
         shell logged that); a later close_chat queues the row anew."""
         if self._close_row == _CLOSE_QUEUED:
             self._close_row = _NO_CLOSE_ROW
+            self._wake_replies(_CLOSE_ROW_KEY)  # the chat_closed waiting for the row goes out
 
     def _reply_when_quiet(
         self,

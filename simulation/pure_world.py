@@ -501,10 +501,12 @@ class World:
     def check_result(self, call_id: str, result: Result) -> None:
         """Results never contradict each other, and none goes out before it is durable."""
         key = (call_id, self.life[call_id])
-        if key in self.unreadable and result.outcome is Outcome.UNKNOWN:
+        row = self.committed.get(call_id)
+        saved = row.result if row is not None else None
+        if key in self.unreadable and result.outcome is Outcome.UNKNOWN and result != saved:
             # Its read-back failed: answered `unknown` (the agent cannot say now), while the
-            # saved result stays on disk as it was, for a later repeat.
-            row = self.committed.get(call_id)
+            # saved result stays on disk as it was, for a later repeat. (A saved result that is
+            # itself `unknown`, read back later, is checked as any other below.)
             require(
                 result.text == TEXT_AGENT_FAILURE and row is not None and row.result is not None,
                 "b.unreadable_answer",

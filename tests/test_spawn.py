@@ -249,7 +249,9 @@ async def test_many_spawns_leave_no_process_and_no_descriptor(
             assert (await proc.wait()).exit_code == 0
             proc.close()
     assert not any(alive(pid) for pid in pids)
-    assert open_fds() == before
+    # None left open by the spawns; a descriptor another test left to the garbage collector
+    # may close meanwhile, so the set can only shrink.
+    assert open_fds() <= before
 
 
 def test_spawning_works_with_the_standard_descriptors_closed(tmp_path: Path) -> None:
@@ -414,7 +416,9 @@ async def test_terminal_spawns_leave_no_process_and_no_descriptor(
             await proc.wait()
             proc.close()
     assert not any(alive(pid) for pid in pids)
-    assert open_fds() == before
+    # None left open by the spawns; a descriptor another test left to the garbage collector
+    # may close meanwhile, so the set can only shrink.
+    assert open_fds() <= before
 
 
 @pytest.mark.parametrize("missing", ["shell", "cwd"])
