@@ -141,7 +141,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME,...",
         help=(
             "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
-            " bigwrite, interactive)"
+            " bigwrite, interactive, abuse, request_cost)"
         ),
     )
     bench.add_argument(

@@ -152,3 +152,12 @@ def test_a_flag_a_ref_server_lacks_is_shimmed_or_named() -> None:
     with pytest.raises(RefUnavailable, match="has no --sync"):
         against.server_args(old, ["--sync=normal"], "toolwire-normal")
     assert against.server_args(TREE, args, "toolwire") == args
+
+
+def test_bench_help_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--only` is only usable if its help names what it accepts."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name in SCENARIOS:
+        assert name in help_text, name
