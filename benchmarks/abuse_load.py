@@ -55,20 +55,23 @@ FLOOD_PATH = "small.txt"
 
 
 class Tally:
-    """Answers of one attack as they arrive: done once `expected` have come."""
+    """Answers of one attack as they arrive: done once `expected` have come, or at the first
+    `error` where one request carries the whole attack (an `error` then answers all of it)."""
 
-    def __init__(self, expected: int) -> None:
+    def __init__(self, expected: int, *, one_request: bool) -> None:
         self.expected = expected
+        self.one_request = one_request
         self.answers = 0
         self.codes: Counter[str] = Counter()
         self.done = trio.Event()
         self.t0 = 0.0
         self.answered_ms: float | None = None
 
-    def answer(self, what: str) -> None:
+    def answer(self, what: str, *, whole_request: bool = False) -> None:
         self.answers += 1
         self.codes[what] += 1
-        if self.answers >= self.expected and not self.done.is_set():
+        ends_all = whole_request and self.one_request
+        if (ends_all or self.answers >= self.expected) and not self.done.is_set():
             self.answered_ms = (time.perf_counter() - self.t0) * 1000
             self.done.set()
 
@@ -78,7 +81,7 @@ async def _read_answers(conn: WsConn, codec: Codec, tally: Tally, kinds: frozens
         while True:
             message = codec.decode(await conn.ws.get_message())
             if message.type == "error":
-                tally.answer(f"error {message.code}")
+                tally.answer(f"error {message.code}", whole_request=True)
             elif message.type in kinds:
                 tally.answer(message.type if message.outcome is None else message.outcome)
     except ConnectionClosed:
@@ -146,7 +149,8 @@ async def main(port: int, token: str, attack: str, size: int, bound_s: float) ->
     # MessagePack, as a 16 MiB file must fit in one message (JSON would escape its newlines).
     codec = Codec("msgpack")
     run, connections, kinds = PLANS[attack]
-    tally = Tally(expected_answers(attack, size))
+    # The cancel attack is one request of `size` ids: one error refuses all of them.
+    tally = Tally(expected_answers(attack, size), one_request=attack == "cancel")
     conns: list[WsConn] = []
     async with trio.open_nursery() as outer:
 

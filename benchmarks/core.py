@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 GoalKind = Literal["ratio>=", "ratio<=", "value<", "value>=", "true"]
-Stat = Literal["median", "p50", "p99", "max"]
+# "max" is the worst repeat's value (for a measurement whose value per repeat is that repeat's
+# worst, as a loop lag); "worst" is the worst pooled sample (a latency's worst case: its value per
+# repeat is a median, so "max" would be the worst median).
+Stat = Literal["median", "p50", "p99", "max", "worst"]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -146,10 +149,10 @@ class Measurement:
     def stat(self, which: Stat = "median") -> float:
         if which == "median":
             return statistics.median(self.values) if self.values else math.nan
-        if which == "max":  # the worst repeat (of a measurement whose values are worsts)
+        if which == "max":
             return max(self.values) if self.values else math.nan
         pooled = self.samples or self.values
-        if which == "max":  # the worst sample of every repeat (a latency's worst case)
+        if which == "worst":
             return max(pooled) if pooled else math.nan
         return percentile(pooled, 50 if which == "p50" else 99)
 

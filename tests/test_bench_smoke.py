@@ -104,6 +104,20 @@ def test_comparison_ratio_goal_and_per_repeat_spread() -> None:
     assert (row["ratio_min"], row["ratio_max"]) == (0.5, 1.5)
 
 
+def test_a_latencys_worst_is_its_worst_sample_not_its_worst_median() -> None:
+    """The abuse goal is on the worst call: a repeat's value is its median, so "max" (the worst
+    repeat, right for a loop lag whose value per repeat is a worst) would hide a 590 ms call."""
+    calls = Measurement("calls", "trivial calls", "ms")
+    calls.add(2.0)
+    calls.add_samples([1.0, 2.0, 590.0])
+    calls.add(3.0)
+    calls.add_samples([3.0, 3.0, 4.0])
+    assert calls.stat("max") == 3.0
+    assert calls.stat("worst") == 590.0
+    row = Comparison("x", "calls", None, stat="worst", goal=Goal("value<", 100, "< 100 ms"))
+    assert row.evaluate({"calls": calls})["met"] is False
+
+
 def test_max_overlap_counts_intervals_open_at_once() -> None:
     assert max_overlap([]) == 0
     assert max_overlap([(0, 10), (5, 15), (9, 20)]) == 3

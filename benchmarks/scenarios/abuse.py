@@ -329,7 +329,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
     for a in ATTACKS:
         res.comparisons += [
             Comparison(f"other chat's worst trivial call during {labels[a.key]} vs alone",
-                       f"toolwire_during_{a.key}", "trivial_alone", stat="max", goal=goal),
+                       f"toolwire_during_{a.key}", "trivial_alone", stat="worst", goal=goal),
             Comparison(f"other chat's trivial call p99 during {labels[a.key]} vs alone",
                        f"toolwire_during_{a.key}", "trivial_alone", stat="p99"),
             Comparison(f"{labels[a.key]}: answered after (capped at {window.bound_s:g} s)",
