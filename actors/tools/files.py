@@ -53,7 +53,7 @@ import msgspec
 
 from toolwire.actors.planner import canonical_path
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
-from toolwire.actors.tools import patterns
+from toolwire.actors.tools import big_text, patterns
 from toolwire.actors.tools.mounts import PseudoFilesystems
 
 # --- limits -------------------------------------------------------------------------------------
@@ -332,7 +332,10 @@ def _whole_text(raw: bytes, shown: str, tool: str) -> str:
     it with this worker thread, waits for (issue 26)."""
     if b"\0" in raw[:BINARY_SNIFF_BYTES]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
-    return _decode_line(raw, 0, shown, tool)
+    try:
+        return big_text.decode_utf8(raw)
+    except UnicodeDecodeError as e:
+        raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {e.start}") from None
 
 
 def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
@@ -924,7 +927,7 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
             current = targets[target] = _load_edit_target(target, entry.path, entry.expected_sha256)
         count = 0
         for number, edit in enumerate(entry.edits, start=1):
-            found = current.text.count(edit.old)
+            found = big_text.count(current.text, edit.old)
             where = f"edit {number} of {entry.path}"
             if found == 0:
                 hint = ""
@@ -936,14 +939,16 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
                     f"{where}: `old` text occurs {found} times; add more context or set"
                     f" replace_all{_UNCHANGED}"
                 )
-            current.text = current.text.replace(edit.old, edit.new, -1 if edit.replace_all else 1)
+            current.text = big_text.replace(
+                current.text, edit.old, edit.new, -1 if edit.replace_all else 1
+            )
             count += found if edit.replace_all else 1
         counts.append(count)
 
     written: list[_EditTarget] = []  # files already replaced on disk
     digests: dict[str, str] = {}  # by resolved path: the SHA-256 the file is left with
     for t in targets.values():
-        new = t.text.encode("utf-8")
+        new = big_text.encode_utf8(t.text)
         digests[t.target] = _sha256_hex(new)
         if new == t.original:
             continue
