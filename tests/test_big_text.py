@@ -1,6 +1,6 @@
-"""The windowed text steps of the file tools (actors/tools/big_text.py) give exactly what the
-one standard-library call each replaces gives, whatever the window and wherever an occurrence
-or a multi-byte character falls across a window's edge."""
+"""The windowed steps of edit_files (actors/tools/big_text.py) give exactly what the standard
+library gives on the decoded text, whatever the window and wherever an occurrence or a
+multi-byte character falls across a window's edge."""
 
 from __future__ import annotations
 
@@ -10,34 +10,41 @@ from hypothesis import strategies as st
 
 from toolwire.actors.tools import big_text
 
-# A small alphabet, so that `old` occurs often, overlaps itself and straddles windows.
-_texts = st.text(alphabet="ab\né€😀", max_size=80)
-_olds = st.text(alphabet="ab\né€😀", min_size=1, max_size=4)
+# A small alphabet of one- to four-byte characters, so that `old` occurs often, overlaps itself
+# and straddles windows, and a byte match could start inside a character if UTF-8 allowed it.
+_alphabet = "ab\né€😀"
+_texts = st.text(alphabet=_alphabet, max_size=80)
+_olds = st.text(alphabet=_alphabet, min_size=1, max_size=4)
 _windows = st.integers(1, 9)
 
 
-@given(text=_texts, old=_olds, window=_windows)
-@example(text="aaaa", old="aa", window=1)  # overlapping occurrences count once each
-def test_count_is_str_count(text: str, old: str, window: int) -> None:
-    assert big_text.count(text, old, window=window) == text.count(old)
-
-
-@given(text=_texts, old=_olds, new=_texts, limit=st.integers(-1, 5), window=_windows)
-@example(text="abab", old="ab", new="", limit=-1, window=1)
-def test_replace_is_str_replace(text: str, old: str, new: str, limit: int, window: int) -> None:
-    assert big_text.replace(text, old, new, limit, window=window) == text.replace(old, new, limit)
+@given(text=_texts, old=_olds, new=_texts, replace_all=st.booleans(), window=_windows)
+@example(text="aaaa", old="aa", new="", replace_all=True, window=1)  # overlaps count once
+@example(text="é", old="\u00a9", new="x", replace_all=True, window=1)  # "é" holds 0xa9
+def test_a_byte_edit_is_the_text_edit(
+    text: str, old: str, new: str, replace_all: bool, window: int
+) -> None:
+    data, old_b = text.encode(), old.encode()
+    starts = big_text.find_all(data, old_b, window=window)
+    assert len(starts) == text.count(old)
+    limit = -1 if replace_all else 1
+    if not replace_all:
+        assert big_text.find_all(data, old_b, 1, window=window) == starts[:1]
+    pieces = big_text.replaced(data, starts[: None if replace_all else 1], len(old_b), new.encode())
+    expected = text.replace(old, new, limit).encode()
+    assert big_text.joined(pieces) == expected
+    assert big_text.size(pieces) == len(expected)
+    assert big_text.sha256_hex(pieces) == big_text.sha256_hex([expected])
 
 
 @given(text=_texts, window=_windows)
-def test_utf8_round_trip_is_the_codec(text: str, window: int) -> None:
-    raw = text.encode("utf-8")
-    assert big_text.encode_utf8(text, window=window) == raw
-    assert big_text.decode_utf8(raw, window=window) == text
+def test_valid_utf8_passes(text: str, window: int) -> None:
+    big_text.check_utf8(text.encode(), window=window)
 
 
 @given(
-    head=st.binary(max_size=20).filter(lambda b: _is_utf8(b)),
-    bad=st.sampled_from([b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80"]),
+    head=st.text(alphabet=_alphabet, max_size=20).map(str.encode),
+    bad=st.sampled_from([b"\xff", b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\x80"]),
     tail=st.binary(max_size=20),
     window=_windows,
 )
@@ -46,22 +53,15 @@ def test_an_invalid_byte_is_reported_where_the_codec_reports_it(
 ) -> None:
     """edit_files names the byte offset of the first bad byte: the file's, not a window's."""
     raw = head + bad + tail
-    assume(not _is_utf8(raw))  # a cut sequence the tail completes is not bad
-    with pytest.raises(UnicodeDecodeError) as expected:
+    try:
         raw.decode("utf-8")
-    with pytest.raises(UnicodeDecodeError) as got:
-        big_text.decode_utf8(raw, window=window)
-    assert got.value.start == expected.value.start
+        assume(False)  # a cut sequence the tail completes is not bad
+    except UnicodeDecodeError as expected:
+        with pytest.raises(UnicodeDecodeError) as got:
+            big_text.check_utf8(raw, window=window)
+        assert got.value.start == expected.start
 
 
 def test_an_empty_old_is_refused() -> None:
     with pytest.raises(ValueError, match="old must not be empty"):
-        big_text.count("abc", "")
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+        big_text.find_all(b"abc", b"")

@@ -380,8 +380,8 @@ def _lines_or_failure(lines: Any) -> list[tuple[bytes, str]] | str:
     sniff=st.integers(1, 12),
 )  # fmt: skip
 def test_read_file_lines_match_the_whole_file_reader(data: bytes, block: int, sniff: int) -> None:
-    """read_file reads with os.read in blocks (`_fd_text_lines`); edit_files decodes the whole
-    file at once (`_whole_text`). Same text cut into the file's lines, same NUL sniff, same
+    """read_file reads with os.read in blocks (`_fd_text_lines`); edit_files checks the whole
+    file at once (`_check_text`). Same text cut into the file's lines, same NUL sniff, same
     UTF-8 failure and offset, wherever the blocks cut the lines."""
     with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
         mp.setattr(files, "READ_BLOCK_BYTES", block)
@@ -390,9 +390,9 @@ def test_read_file_lines_match_the_whole_file_reader(data: bytes, block: int, sn
         path.write_bytes(data)
         model: list[tuple[bytes, str]] | str
         try:
-            text = files._whole_text(data, "f", "read_file")
+            files._check_text(data, "f", "read_file")
             model = [(raw, raw.decode()) for raw in _newline_lines(data)]
-            assert "".join(line for _, line in model) == text
+            assert "".join(line for _, line in model) == data.decode()
         except files.ToolFailure as failure:
             model = failure.text
         fd = os.open(path, os.O_RDONLY)

@@ -1,87 +1,103 @@
-"""Text operations on whole files that never hold the GIL for long (issue 26).
+"""Edits of whole files that never hold the GIL for long (issue 26).
 
 The file tools run on worker threads, but a worker shares the GIL with the event loop, and a
-single C call such as ``str.count`` or ``bytes.decode`` on 16 MiB keeps it for its whole run
-(10-20 ms, more for text that is not ASCII): every chat's loop waits that long. Here each such
-step is done a window of `WINDOW` at a time, so that between two windows the interpreter can
-hand the GIL to the loop (after ``sys.getswitchinterval()``). The results are those of the one
-call each replaces: ``count``, ``replace``, ``decode`` and ``encode`` of the standard library.
+single C call on 16 MiB keeps it for its whole run: ``str.count`` 9 ms, a non-ASCII
+``bytes.decode`` 20 ms, and any new 16 MiB value (a decoded ``str``, the replaced text, its
+encoding) about 9 ms more, as the fresh allocation page-faults its 4,096 pages with the GIL
+held. Every chat's loop waits that long. So an edit here never makes a whole-file value:
 
-Pure functions on values: no I/O, no threads of their own.
+- the file stays the bytes it was read as, checked for UTF-8 a window at a time;
+- `old` and `new` are matched as UTF-8 bytes: UTF-8 is self-synchronising, so in valid UTF-8
+  the byte matches of a valid UTF-8 `old` are exactly its character matches, leftmost and
+  non-overlapping alike;
+- the edited content is `Pieces`: views into the original and the new texts, hashed and
+  written piece by piece (hashing and writing release the GIL).
+
+Each step looks at one window of `WINDOW` bytes per C call, so between two calls the
+interpreter can hand the GIL to the loop. Pure functions on values: no I/O, no threads.
 """
 
 from __future__ import annotations
 
 import codecs
+import hashlib
+from collections.abc import Sequence
 
-# 1 Mi characters or bytes: a window's find, decode or encode then takes well under a
-# millisecond (about 0.5 ms for the slowest, non-ASCII decoding), small beside the loop's
-# 5 ms p99 goal, and a 16 MiB file is 16 windows, so the per-window cost is noise.
+# 1 MiB: a window's find or decode takes well under a millisecond (about 0.5 ms for the
+# slowest, non-ASCII decoding), small beside the loop's 5 ms p99 goal, and a 16 MiB file is 16
+# windows, so the per-window cost is noise.
 WINDOW = 1 << 20
 
-
-def count(text: str, old: str, *, window: int = WINDOW) -> int:
-    """``text.count(old)`` for a non-empty `old`: the leftmost non-overlapping occurrences."""
-    return len(_starts(text, old, limit=None, window=window))
+Piece = bytes | memoryview
+Pieces = Sequence[Piece]
 
 
-def replace(text: str, old: str, new: str, limit: int = -1, *, window: int = WINDOW) -> str:
-    """``text.replace(old, new, limit)`` for a non-empty `old` (a negative `limit`: all)."""
-    starts = _starts(text, old, limit=None if limit < 0 else limit, window=window)
-    if not starts:
-        return text
-    pieces: list[str] = []
-    at = 0
-    for start in starts:
-        pieces.extend(_windows(text, at, start, window))
-        pieces.append(new)
-        at = start + len(old)
-    pieces.extend(_windows(text, at, len(text), window))
-    return "".join(pieces)  # a copy at memory speed, about 1 ms for 16 MiB
-
-
-def decode_utf8(raw: bytes, *, window: int = WINDOW) -> str:
-    """``raw.decode("utf-8")``. A UnicodeDecodeError gives the offset in the whole of `raw`."""
+def check_utf8(raw: bytes, *, window: int = WINDOW) -> None:
+    """Raise UnicodeDecodeError, with its offset in the whole of `raw`, unless `raw` is UTF-8.
+    Nothing decoded is kept: only a window's text exists at a time."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     view = memoryview(raw)
-    parts: list[str] = []
     try:
         for start in range(0, len(raw), window):
-            parts.append(decoder.decode(view[start : start + window]))
-        parts.append(decoder.decode(b"", final=True))
+            decoder.decode(view[start : start + window])
+        decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        # The window's offsets are not the file's (a sequence may begin in the window
-        # before): decode it all once, on this rare path, for the exact offset.
+        # The window's offsets are not the file's (a sequence may begin in the window before):
+        # decode it all once, on this rare path, for the exact offset, and raise that error.
         raw.decode("utf-8")
-        raise  # unreachable: the same bytes failed above
-    return "".join(parts)
+        raise  # not reached: the same bytes failed above
 
 
-def encode_utf8(text: str, *, window: int = WINDOW) -> bytes:
-    """``text.encode("utf-8")``."""
-    return b"".join(
-        text[start : start + window].encode("utf-8") for start in range(0, len(text), window)
-    )
-
-
-def _starts(text: str, old: str, *, limit: int | None, window: int) -> list[int]:
-    """Where the leftmost non-overlapping occurrences of `old` start, at most `limit` of them;
-    each ``find`` looks at one window (plus what an occurrence starting in it can reach)."""
+def find_all(data: bytes, old: bytes, limit: int = -1, *, window: int = WINDOW) -> list[int]:
+    """Where the leftmost non-overlapping occurrences of a non-empty `old` start, at most
+    `limit` of them (a negative `limit`: all); each ``find`` looks at one window plus what an
+    occurrence starting in it can reach. ``len(find_all(d, o))`` is ``d.count(o)``."""
     if not old:
         raise ValueError("old must not be empty")
     starts: list[int] = []
     at = 0
-    while at < len(text) and (limit is None or len(starts) < limit):
-        window_end = min(len(text), at + window + len(old) - 1)
-        found = text.find(old, at, window_end)
+    while at < len(data) and (limit < 0 or len(starts) < limit):
+        window_end = min(len(data), at + window + len(old) - 1)
+        found = data.find(old, at, window_end)
         if found < 0:
-            at = window_end - len(old) + 1 if window_end < len(text) else len(text)
+            at = window_end - len(old) + 1 if window_end < len(data) else len(data)
             continue
         starts.append(found)
         at = found + len(old)
     return starts
 
 
-def _windows(text: str, start: int, end: int, window: int) -> list[str]:
-    """``text[start:end]`` as slices of at most `window` characters."""
-    return [text[at : min(end, at + window)] for at in range(start, end, window)]
+def replaced(data: bytes, starts: Sequence[int], old_len: int, new: bytes) -> list[Piece]:
+    """`data` with the `old_len` bytes at each of `starts` (ascending, not overlapping)
+    replaced by `new`, as views into `data` and `new`: nothing is copied."""
+    view = memoryview(data)
+    pieces: list[Piece] = []
+    at = 0
+    for start in starts:
+        if start > at:
+            pieces.append(view[at:start])
+        if new:
+            pieces.append(new)
+        at = start + old_len
+    if at < len(data):
+        pieces.append(view[at:])
+    return pieces
+
+
+def joined(pieces: Pieces) -> bytes:
+    """The content of `pieces` as one value (for a further edit of the same file, which
+    searches it whole: one copy, the only whole-file value an edit makes)."""
+    if len(pieces) == 1 and isinstance(pieces[0], bytes):
+        return pieces[0]
+    return b"".join(pieces)
+
+
+def size(pieces: Pieces) -> int:
+    return sum(len(piece) for piece in pieces)
+
+
+def sha256_hex(pieces: Pieces) -> str:
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)  # releases the GIL for pieces above 2 KiB
+    return digest.hexdigest()

@@ -322,18 +322,19 @@ def _binary_failure(shown: str, tool: str, why: str) -> ToolFailure:
     return ToolFailure(f"{shown} is a binary file ({why}); {_TEXT_ONLY[tool]}")
 
 
-def _whole_text(raw: bytes, shown: str, tool: str) -> str:
-    """The whole file `raw` as text, refusing binary content: ToolFailure if a NUL byte is in
-    the first BINARY_SNIFF_BYTES or the bytes are not valid UTF-8 (the failure names the byte
-    offset of the first bad byte, as `_decode_line` does).
+def _check_text(raw: bytes, shown: str, tool: str) -> None:
+    """Refuse binary content: ToolFailure if a NUL byte is in the first BINARY_SNIFF_BYTES or
+    the bytes are not valid UTF-8 (the failure names the byte offset of the first bad byte, as
+    `_decode_line` does).
 
-    One decode of the whole buffer, not one per line: a file of 16 MiB has some 170,000 lines,
+    The whole buffer at once, not a line at a time: a file of 16 MiB has some 170,000 lines,
     and a Python loop over them holds the GIL for seconds in all, which the event loop, sharing
-    it with this worker thread, waits for (issue 26)."""
+    it with this worker thread, waits for (issue 26); and in windows (`big_text.check_utf8`),
+    without keeping a decoded copy, for the same reason."""
     if b"\0" in raw[:BINARY_SNIFF_BYTES]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
     try:
-        return big_text.decode_utf8(raw)
+        big_text.check_utf8(raw)
     except UnicodeDecodeError as e:
         raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {e.start}") from None
 
@@ -349,7 +350,7 @@ def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
 def _fd_text_lines(
     fd: int, shown: str, tool: str, on_block: Callable[[bytes], None]
 ) -> Iterator[tuple[bytes, str]]:
-    """The lines of a text file descriptor, as (raw, text) pairs, with `_whole_text`'s checks
+    """The lines of a text file descriptor, as (raw, text) pairs, with `_check_text`'s checks
     and failures, read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a buffered
     file object (which adds an fstat, two lseeks and an ioctl to every open). Every block read
     is passed to `on_block` too (read_file hashes the file in the same pass)."""
@@ -680,8 +681,9 @@ def _create_temp(directory: str, mode: int) -> tuple[int, str]:
     raise FileExistsError(errno.EEXIST, "no unused temporary file name", directory)
 
 
-def _atomic_write(target: str, data: bytes, old: os.stat_result | None) -> None:
-    """Replace `target` (a resolved path, no symlink) by a file holding `data`, atomically.
+def _atomic_write(target: str, pieces: big_text.Pieces, old: os.stat_result | None) -> None:
+    """Replace `target` (a resolved path, no symlink) by a file holding `pieces`, one after
+    the other, atomically.
 
     The bytes go to a temp file in the same directory (so the rename cannot cross file
     systems), are flushed and fsynced, then os.replace puts it in place: a reader sees the old
@@ -700,7 +702,8 @@ def _atomic_write(target: str, data: bytes, old: os.stat_result | None) -> None:
                     with suppress(PermissionError):
                         os.fchown(f.fileno(), old.st_uid, old.st_gid)
                 os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode))  # after chown, which clears suid
-            f.write(data)
+            for piece in pieces:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, target)
@@ -819,7 +822,7 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
     except OSError as e:
         raise _os_failure(e, shown, "create the parent directories of") from None
     try:
-        _atomic_write(target, data, old)
+        _atomic_write(target, [data], old)
     except OSError as e:
         _remove_dirs(created)
         raise _os_failure(e, shown, "write") from None
@@ -845,7 +848,9 @@ class _EditTarget:
     shown: str  # the path as first given
     original: bytes
     stat: os.stat_result
-    text: str  # current in-memory content, edits applied so far
+    # The content with the edits applied so far, as views into `original` and the edits'
+    # texts (big_text): no whole-file value is made unless a file gets a second edit.
+    content: list[big_text.Piece] = field(default_factory=list)
 
 
 def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
@@ -893,7 +898,7 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
             st = again
         with open(target, "rb") as f:
             original = f.read()
-        text = _whole_text(original, shown, "edit_files")
+        _check_text(original, shown, "edit_files")
     except ToolFailure as e:
         raise ToolFailure(e.text + _UNCHANGED) from None
     except OSError as e:
@@ -901,7 +906,7 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
     if expected is not None and (actual := _sha256_hex(original)) != expected.lower():
         # Changed by something other than toolwire since the precondition check: still refuse.
         raise _changed_failure(shown, expected, actual)
-    return _EditTarget(target, shown, original, st, text)
+    return _EditTarget(target, shown, original, st, [original])
 
 
 def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
@@ -927,11 +932,14 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
             current = targets[target] = _load_edit_target(target, entry.path, entry.expected_sha256)
         count = 0
         for number, edit in enumerate(entry.edits, start=1):
-            found = big_text.count(current.text, edit.old)
+            data = big_text.joined(current.content)
+            old = edit.old.encode("utf-8")  # the same matches as in the text: see big_text
+            starts = big_text.find_all(data, old)
+            found = len(starts)
             where = f"edit {number} of {entry.path}"
             if found == 0:
                 hint = ""
-                if "\r\n" in current.text and "\n" in edit.old and "\r\n" not in edit.old:
+                if b"\r\n" in data and "\n" in edit.old and "\r\n" not in edit.old:
                     hint = " (the file has CRLF line endings)"
                 raise ToolFailure(f"{where}: `old` text not found{hint}{_UNCHANGED}")
             if found > 1 and not edit.replace_all:
@@ -939,21 +947,20 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
                     f"{where}: `old` text occurs {found} times; add more context or set"
                     f" replace_all{_UNCHANGED}"
                 )
-            current.text = big_text.replace(
-                current.text, edit.old, edit.new, -1 if edit.replace_all else 1
-            )
-            count += found if edit.replace_all else 1
+            current.content = big_text.replaced(data, starts, len(old), edit.new.encode("utf-8"))
+            count += found
         counts.append(count)
 
     written: list[_EditTarget] = []  # files already replaced on disk
     digests: dict[str, str] = {}  # by resolved path: the SHA-256 the file is left with
     for t in targets.values():
-        new = big_text.encode_utf8(t.text)
-        digests[t.target] = _sha256_hex(new)
-        if new == t.original:
-            continue
+        digests[t.target] = big_text.sha256_hex(t.content)
+        if big_text.size(t.content) == len(t.original) and digests[t.target] == _sha256_hex(
+            t.original
+        ):
+            continue  # the edits left it as it was (as "a" -> "b" then "b" -> "a")
         try:
-            _atomic_write(t.target, new, t.stat)
+            _atomic_write(t.target, t.content, t.stat)
         except OSError as e:
             raise ToolFailure(_write_failure_text(e, t, written)) from None
         written.append(t)
@@ -973,7 +980,7 @@ def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarg
     not_restored: list[str] = []
     for t in reversed(written):
         try:
-            _atomic_write(t.target, t.original, os.stat(t.target))
+            _atomic_write(t.target, [t.original], os.stat(t.target))
         except OSError:
             not_restored.append(t.shown)
     if not written:
