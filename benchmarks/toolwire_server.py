@@ -21,6 +21,7 @@ import trio
 
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.journal import SqliteJournal, open_journal
+from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.transport.server import Server, ServerConfig
 
 
@@ -44,6 +45,7 @@ async def main(
     metrics: bool = True,
     skip_commits: bool = False,
 ) -> None:
+    favour_the_event_loop()  # as `toolwire serve` does
     if skip_commits:
         if journal != "sqlite" or not state_dir:
             raise SystemExit("--skip-commits needs --journal sqlite and --state-dir")

@@ -17,6 +17,7 @@ from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.command_env import command_environment
 from toolwire.actors.context import Limits
 from toolwire.actors.journal import JournalError, open_journal
+from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.cli.agent_token import private_state_dir, resolve_token
 from toolwire.cli.private_process import forget_secrets, make_undumpable
 from toolwire.transport.server import Server, ServerConfig
@@ -72,6 +73,7 @@ def ssl_context(options: ServeOptions) -> ssl.SSLContext | None:
 
 
 async def serve(options: ServeOptions) -> None:
+    favour_the_event_loop()
     state_dir = options.state_dir or default_state_dir()
     token, token_source = resolve_token(options.token_file, options.insecure_no_auth, state_dir)
     if options.journal != "memory":
