@@ -22,7 +22,7 @@ import trio
 
 from tests.conftest import LiveServer
 from tests.test_serve import serve
-from tests.wsclient import Message, RawConn, connect, is_result, of, wait_for
+from tests.wsclient import Message, connect, is_result, of, state_of, wait_for
 from toolwire.actors.tools.mounts import PseudoFilesystems
 
 # Far more than either attack takes once fixed (milliseconds), far less than before (days),
@@ -76,14 +76,6 @@ async def test_a_backtracking_glob_completes_and_leaves_other_chats_answered(
     assert read["outcome"] == "completed"
     assert searched["outcome"] == "completed", searched
     assert searched["data"]["matches"] == [] and "matches glob" in searched["text"]
-
-
-async def state_of(conn: RawConn, chat_id: str, call_id: str) -> str:
-    start = len(conn.seen)
-    await conn.send({"type": "attach", "chat_id": chat_id, "call_id": call_id})
-    accepted = await wait_for(conn, of("accepted", call_id, chat_id), start)
-    state: str = accepted["state"]
-    return state
 
 
 def slow_file(path: Path, size: int) -> None:

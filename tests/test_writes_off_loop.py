@@ -30,7 +30,7 @@ import pytest
 import trio
 
 from tests.conftest import LiveServer
-from tests.wsclient import Message, RawConn, is_result, of, wait_for
+from tests.wsclient import Message, RawConn, is_result, of, state_of, wait_for
 
 SMALL = "small.txt"
 
@@ -77,15 +77,6 @@ def call(chat_id: str, call_id: str, tool: str, args: dict[str, Any]) -> Message
 
 def edit(path: str, old: str, new: str) -> dict[str, Any]:
     return {"files": [{"path": path, "edits": [{"old": old, "new": new}]}]}
-
-
-async def state_of(conn: RawConn, chat_id: str, call_id: str) -> str:
-    """The call's state as the agent reports it now (`accepted.state` of an `attach`)."""
-    start = len(conn.seen)
-    await conn.send({"type": "attach", "chat_id": chat_id, "call_id": call_id})
-    accepted = await wait_for(conn, of("accepted", call_id, chat_id), start)
-    state: str = accepted["state"]
-    return state
 
 
 def about(conn: RawConn, call_id: str) -> list[str]:

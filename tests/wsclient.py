@@ -114,6 +114,15 @@ def of(kind: str, call_id: str, chat_id: str | None = None) -> Callable[[Message
     )
 
 
+async def state_of(conn: RawConn, chat_id: str, call_id: str) -> str:
+    """The call's state as the agent reports it now (`accepted.state` of an `attach`)."""
+    start = len(conn.seen)
+    await conn.send({"type": "attach", "chat_id": chat_id, "call_id": call_id})
+    accepted = await wait_for(conn, of("accepted", call_id, chat_id), start)
+    state: str = accepted["state"]
+    return state
+
+
 def is_result(call_id: str) -> Callable[[Message], bool]:
     return lambda m: m["type"] == "result" and m["call_id"] == call_id
 
