@@ -23,7 +23,7 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
@@ -86,9 +86,15 @@ _WHOLE_STRINGS: Final = re.compile(rf'(?:[^"]++|{_STRING})*+', re.DOTALL)
 _FIRST_CHUNK: Final = 256
 
 
-class _JsonReader:
-    def __init__(self, frame: str, names: frozenset[str]) -> None:
-        self.frame = frame
+_Frame = TypeVar("_Frame", str, bytes)
+
+
+class _Reader(Generic[_Frame]):
+    """What both readers share: the frame, the names wanted, and what was found so far; a
+    subclass's `_read` walks the frame and raises `_Stop` where it can go no further."""
+
+    def __init__(self, frame: _Frame, names: frozenset[str]) -> None:
+        self.frame: _Frame = frame
         self.names = names
         self.fields: dict[str, Any] = {}
         self.too_deep_at: str | None = None
@@ -98,6 +104,11 @@ class _JsonReader:
             self._read()
         return Outline(self.fields, self.too_deep_at)
 
+    def _read(self) -> None:
+        raise NotImplementedError
+
+
+class _JsonReader(_Reader[str]):
     def _read(self) -> None:
         frame = self.frame
         # One entry per open container: is it an object, and its current key (the raw token,
@@ -286,18 +297,7 @@ _ITEM_STEPS: Final = bytes(
 )
 
 
-class _MsgpackReader:
-    def __init__(self, frame: bytes, names: frozenset[str]) -> None:
-        self.frame = frame
-        self.names = names
-        self.fields: dict[str, Any] = {}
-        self.too_deep_at: str | None = None
-
-    def read(self) -> Outline:
-        with contextlib.suppress(_Stop):
-            self._read()
-        return Outline(self.fields, self.too_deep_at)
-
+class _MsgpackReader(_Reader[bytes]):
     def _read(self) -> None:
         # One entry per open container: is it a map, the items it has left to start (a map's
         # entries count twice: key and value), and its current key (as the slice of the frame
