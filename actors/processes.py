@@ -417,10 +417,6 @@ class RealProcessBackend:
     def __init__(self, *, posix_spawn: bool = True) -> None:
         self._spawner = PosixSpawner.load() if posix_spawn else None
 
-    @property
-    def uses_posix_spawn(self) -> bool:
-        return self._spawner is not None
-
     def spawn(
         self,
         argv: list[str],
