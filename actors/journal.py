@@ -120,7 +120,11 @@ IDENTITY_CHECK_INTERVAL_S = 5.0
 # the commit that refused them, so only the newest matter.
 FAILED_CHANGES_KEPT = 4096
 
-_Batch = list[tuple[int, str, tuple[Any, ...]]]
+# One group commit's changes, in order: (sequence number, SQL, parameters).
+CommitBatch = list[tuple[int, str, tuple[Any, ...]]]
+_Batch = CommitBatch
+# What runs a commit's statements on the writer's connection (see `run_commit_statements`).
+CommitStatements = Callable[[sqlite3.Connection, CommitBatch], None]
 # A change the journal refused, with SQLite's error.
 _Refused = list[tuple[tuple[int, str, tuple[Any, ...]], Exception]]
 
@@ -385,9 +389,30 @@ class SqliteJournal(Journal):
     keeps_results = True
     commit_durations: Durations
 
-    def __init__(self, path: Path, sync: str = "full") -> None:
+    def __init__(
+        self,
+        path: Path,
+        sync: str = "full",
+        *,
+        inline_max_commit_s: float = INLINE_MAX_COMMIT_S,
+        commit_statements: CommitStatements | None = None,
+    ) -> None:
+        """`inline_max_commit_s`: commits run on the loop's thread only while they average
+        less than this (INLINE_MAX_COMMIT_S); 0 sends every commit to the writer thread,
+        `inf` lets the loop's idleness and the batch's size alone decide.
+
+        `commit_statements`: runs every commit's statements, on the loop's thread or the
+        writer thread, inside the journal's whole commit path (batching, the choice of thread,
+        retries, the identity check, the release of waiters); `run_commit_statements` when
+        None. The seam for instruments: the journal benchmark's bound skips the statements
+        (benchmarks/toolwire_server.py); a replacement that skips them loses every change.
+        """
         if sync not in SYNC_LEVELS:
             raise ValueError(f"unknown sync level {sync!r}; use {' or '.join(SYNC_LEVELS)}")
+        if not inline_max_commit_s >= 0:
+            raise ValueError(
+                f"inline_max_commit_s must be >= 0 seconds, got {inline_max_commit_s!r}"
+            )
         self.path = path
         self.sync = sync
         # Reads use a connection of their own: in WAL mode it sees the last commit without
@@ -425,13 +450,10 @@ class SqliteJournal(Journal):
         self.identity_check_min_gap_s = IDENTITY_CHECK_MIN_GAP_S
         self._identity_checked_at = -math.inf  # time.monotonic() of the last check
         self.commit_durations = Durations()
-        # Commits on the loop's thread (see INLINE_MAX_ROWS); a test sets `inline_max_rows` to
-        # 0 to send every commit through the writer thread.
-        self.inline_max_rows = INLINE_MAX_ROWS
-        self.inline_max_commit_s = INLINE_MAX_COMMIT_S
+        # Commits on the loop's thread: see INLINE_MAX_ROWS.
+        self._inline_max_commit_s = inline_max_commit_s
         self._commit_average_s = 0.0
-        self.inline_commits = 0
-        self.thread_commits = 0
+        self._commit_statements = commit_statements or run_commit_statements
         # Whether this start created the journal file, and whether the state dir shows it
         # last held another one (see `_check_lineage`).
         try:
@@ -770,9 +792,9 @@ class SqliteJournal(Journal):
         runnable (a commit blocks the loop for as long as it takes): a small batch, a disk that
         has been fast, and the writer thread done with the connection."""
         return (
-            rows <= self.inline_max_rows
+            rows <= INLINE_MAX_ROWS
             and self._thread_idle
-            and self._commit_average_s < self.inline_max_commit_s
+            and self._commit_average_s < self._inline_max_commit_s
         )
 
     def _commit_inline(self, batch: _Batch) -> tuple[_Refused, BaseException | None] | None:
@@ -782,7 +804,6 @@ class SqliteJournal(Journal):
         except Exception:
             self._roll_back()
             return None
-        self.inline_commits += 1
         self._commit_took(time.perf_counter() - started)
         replaced = self._replaced_lately()
         return [], None if replaced is None else JournalError(replaced)
@@ -940,7 +961,6 @@ class SqliteJournal(Journal):
         # and the commit's duration (None: it failed) for toolwire_journal_commit_seconds,
         # observed here so that the histogram is only ever touched from the trio thread.
         if seconds is not None:
-            self.thread_commits += 1
             self._commit_took(seconds)
         self._thread_idle = idle
         self._landing = (refused, fatal)
@@ -950,44 +970,48 @@ class SqliteJournal(Journal):
         self._thread_idle = True
 
     def _commit(self, batch: _Batch) -> None:
-        # Every commit, on the loop or on the writer thread, is this one call (the journal
-        # benchmark's bound, benchmarks/toolwire_server.py, skips exactly it).
-        db = self._db
-        if len(batch) == 1:
-            # One statement is a transaction of its own (the connection is in autocommit
-            # mode): the same commit, without a BEGIN and a COMMIT to step through.
-            db.execute(batch[0][1], batch[0][2])
-            return
-        if len(batch) <= SINGLE_STATEMENT_ROWS and all(op[1] is _UPSERT for op in batch):
-            db.execute(_upsert_sql(len(batch)), [value for op in batch for value in op[2]])
-            return
-        db.execute("BEGIN")
-        try:
-            # One statement per run of upserts (a pipelined window is mostly upserts back to
-            # back), one executemany per run of any other statement.
-            i = 0
-            while i < len(batch):
-                sql = batch[i][1]
-                j = i + 1
-                while j < len(batch) and batch[j][1] is sql:
-                    j += 1
-                if sql is _UPSERT:
-                    _upsert_run(db, batch, i, j)
-                elif j == i + 1:
-                    db.execute(sql, batch[i][2])
-                else:
-                    db.executemany(sql, [op[2] for op in batch[i:j]])
-                i = j
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        # Every commit, on the loop or on the writer thread, is this one call.
+        self._commit_statements(self._db, batch)
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
         self._db.close()
+
+
+def run_commit_statements(db: sqlite3.Connection, batch: CommitBatch) -> None:
+    """Apply a commit's changes, in order, as one transaction on the writer's connection
+    (`db`, in autocommit mode): the journal's own `commit_statements`."""
+    if len(batch) == 1:
+        # One statement is a transaction of its own (the connection is in autocommit
+        # mode): the same commit, without a BEGIN and a COMMIT to step through.
+        db.execute(batch[0][1], batch[0][2])
+        return
+    if len(batch) <= SINGLE_STATEMENT_ROWS and all(op[1] is _UPSERT for op in batch):
+        db.execute(_upsert_sql(len(batch)), [value for op in batch for value in op[2]])
+        return
+    db.execute("BEGIN")
+    try:
+        # One statement per run of upserts (a pipelined window is mostly upserts back to
+        # back), one executemany per run of any other statement.
+        i = 0
+        while i < len(batch):
+            sql = batch[i][1]
+            j = i + 1
+            while j < len(batch) and batch[j][1] is sql:
+                j += 1
+            if sql is _UPSERT:
+                _upsert_run(db, batch, i, j)
+            elif j == i + 1:
+                db.execute(sql, batch[i][2])
+            else:
+                db.executemany(sql, [op[2] for op in batch[i:j]])
+            i = j
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _os_error(exc: OSError) -> str:
@@ -1044,6 +1068,8 @@ def wall_ms_to_monotonic(wall_ms: int, now_wall_ms: int, now_monotonic: float) -
 
 __all__ = [
     "SYNC_LEVELS",
+    "CommitBatch",
+    "CommitStatements",
     "CommitWaiters",
     "Journal",
     "JournalError",
@@ -1051,4 +1077,5 @@ __all__ = [
     "MemoryJournal",
     "SqliteJournal",
     "open_journal",
+    "run_commit_statements",
 ]

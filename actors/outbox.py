@@ -71,7 +71,6 @@ class Subscription:
         "output_pending",
         "replays_pending",
         "resolved_events",
-        "results_owed",
         "results_queued",
         "started_sent",
         "stream",
@@ -98,8 +97,6 @@ class Subscription:
         # they replay must stay retained until then.
         self.replays_pending = 0
         self.on_caught_up: Callable[[], None] | None = None
-        # Requests on this connection still waiting for the call's result: one result each.
-        self.results_owed = 0
         # Results put in the outbox and not taken yet (their output is still to be sent), or
         # being read back from the journal to be put (ChatActor._follow).
         self.results_queued = 0

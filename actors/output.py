@@ -9,7 +9,7 @@ Why head + tail instead of only the newest bytes: the first error lines of a lon
 cause) and its last lines (the verdict) must both survive. A buffer that kept only the tail
 would lose the cause; one that kept only the head would make a failed build read as a success
 because its final error was dropped. The middle is what goes, and it is always counted: nothing
-is dropped silently (`dropped_bytes`, `truncated_bytes`, and the jump in a chunk's offset).
+is dropped silently (a Result's `truncated_bytes`, and the jump in a chunk's offset).
 
 Offsets count raw bytes, from 0 at the first byte the process wrote. Text is UTF-8 decoded with
 replacement, incrementally: a multi-byte character split across appends or reads is never
@@ -161,9 +161,11 @@ class OutputBuffer:
     """The output of one process: append-only bytes, retained as a head and a tail.
 
     While open (the process runs), the first `head_bytes` bytes and the newest bytes are kept, at
-    most `retention_bytes` in all; the middle is dropped and counted in `dropped_bytes`. At
-    `close()` (the process exited) retention shrinks to what a Result's `output` needs: the first
-    `result_head_bytes` and the last `result_bytes - result_head_bytes` bytes.
+    most `retention_bytes` in all; the middle is dropped, and a reader learns of it from the jump
+    in a chunk's offset and a Result's `truncated_bytes`. At `close()` (the process exited)
+    retention shrinks to what a Result's `output` needs: the first `result_head_bytes` and the
+    last `result_bytes - result_head_bytes` bytes. Storage stays below about
+    `head_bytes + 2 * (retention_bytes - head_bytes)` while open, `result_bytes` once closed.
 
     So at any time at most two contiguous byte ranges are retained: a head range starting at 0
     and a tail range ending at `total`; when nothing was dropped they touch and form one range.
@@ -228,35 +230,6 @@ class OutputBuffer:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def dropped_bytes(self) -> int:
-        """Bytes dropped from the middle so far (never silently lost: they are counted here)."""
-        return self._tail_start - len(self._head)
-
-    @property
-    def retained_bytes(self) -> int:
-        """Bytes held and readable now (`total - dropped_bytes`)."""
-        return len(self._head) + self._total - self._tail_start
-
-    @property
-    def storage_bytes(self) -> int:
-        """Bytes physically stored now: `retained_bytes` plus already-dropped tail bytes awaiting
-        compaction. Bounded by `head_bytes + 2 * (retention_bytes - head_bytes)` while open and
-        equal to `retained_bytes` once closed."""
-        return len(self._head) + len(self._tail)
-
-    def retained_ranges(self) -> tuple[tuple[int, int], ...]:
-        """The retained byte ranges as `(start, end)` pairs, in order, empty ones left out."""
-        head_end = len(self._head)
-        if self._tail_start == head_end:
-            return ((0, self._total),) if self._total else ()
-        ranges: list[tuple[int, int]] = []
-        if head_end:
-            ranges.append((0, head_end))
-        if self._tail_start < self._total:
-            ranges.append((self._tail_start, self._total))
-        return tuple(ranges)
 
     def first_retained(self, offset: int) -> int:
         """The smallest retained offset >= `offset`, or `total` if there is none.

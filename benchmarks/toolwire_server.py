@@ -6,7 +6,7 @@ it listens. SIGTERM shuts it down like `serve`. The scenarios start it with serv
 (`--journal sqlite --sync full`, `benchmarks/scenarios/common.py`) and with the memory journal as
 a row beside them. `--no-metrics` turns the operator's counters off (`AgentContext.metrics =
 None`): the baseline of their cost. `--skip-commits` (with the SQLite journal) runs the whole
-durable path but skips the statements of every commit (`SkippedCommitsJournal`): the journal
+durable path but skips the statements of every commit (`skipped_commits_journal`): the journal
 benchmark's bound on what the loop's own share of durability costs.
 """
 
@@ -14,26 +14,29 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sqlite3
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
-from toolwire.actors.journal import SqliteJournal, open_journal
+from toolwire.actors.journal import CommitBatch, Journal, SqliteJournal, open_journal
 from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.transport.server import Server, ServerConfig
 
 
-class SkippedCommitsJournal(SqliteJournal):
-    """The SQLite journal with the statements of every commit skipped, as if the disk took no
-    time. Everything else runs as on serve's defaults: rows built and queued, group commits run
-    on the loop or handed to the writer thread by the same rules, waiters released when a
-    commit lands. A bound for the journal benchmark, never a journal to use: nothing it is
-    given reaches the file, so nothing survives a restart."""
+def skip_statements(db: sqlite3.Connection, batch: CommitBatch) -> None:
+    """A commit's statements, not run: the disk as if it took no time."""
+    del db, batch
 
-    def _commit(self, batch: list[tuple[int, str, tuple[Any, ...]]]) -> None:
-        del batch
+
+def skipped_commits_journal(path: Path, sync: str = "full") -> SqliteJournal:
+    """The SQLite journal with the statements of every commit skipped, through the journal's
+    public `commit_statements` seam. Everything else runs as on serve's defaults: rows built
+    and queued, group commits run on the loop or handed to the writer thread by the same rules,
+    waiters released when a commit lands. A bound for the journal benchmark, never a journal to
+    use: nothing it is given reaches the file, so nothing survives a restart."""
+    return SqliteJournal(path, sync, commit_statements=skip_statements)
 
 
 async def main(
@@ -46,10 +49,11 @@ async def main(
     skip_commits: bool = False,
 ) -> None:
     favour_the_event_loop()  # as `toolwire serve` does
+    chosen: Journal
     if skip_commits:
         if journal != "sqlite" or not state_dir:
             raise SystemExit("--skip-commits needs --journal sqlite and --state-dir")
-        chosen = SkippedCommitsJournal(Path(state_dir) / "journal.sqlite3", sync)
+        chosen = skipped_commits_journal(Path(state_dir) / "journal.sqlite3", sync)
     else:
         chosen = open_journal(journal, Path(state_dir) if state_dir else None, sync)
     ctx = AgentContext(workspace=workspace, journal=chosen)

@@ -11,8 +11,9 @@ operations fail the way SQLite fails them:
 - `fail_every_write` is a disk that takes nothing any more (full, read-only, gone): every
   commit fails, the probe too.
 
-Failures are raised inside `_commit`, the one call every commit goes through (the journal
-benchmark's bound skips the same call), so the journal's own handling of them is what runs.
+Failures are raised inside `_commit`, the one call every commit goes through (it runs the
+journal's `commit_statements`, which the journal benchmark's bound replaces), so the journal's
+own handling of them is what runs.
 """
 
 from __future__ import annotations

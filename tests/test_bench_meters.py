@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from toolwire.actors.journal import JournalRow, SqliteJournal
+from tests.commit_threads import CommitThreads
+from toolwire.actors.journal import JournalRow, SqliteJournal, run_commit_statements
 from toolwire.benchmarks.procs import CpuMeter
-from toolwire.benchmarks.toolwire_server import SkippedCommitsJournal
+from toolwire.benchmarks.toolwire_server import skip_statements, skipped_commits_journal
 
 
 def _row(call_id: str) -> JournalRow:
@@ -37,23 +38,37 @@ async def test_skipped_commits_release_their_waiters_and_write_nothing(
 ) -> None:
     paths = {kind: tmp_path / kind / "journal.sqlite3" for kind in ("real", "skipped")}
     for kind, path in paths.items():
-        journal = (SkippedCommitsJournal if kind == "skipped" else SqliteJournal)(path)
-        if not on_loop:
-            journal.inline_max_rows = 0  # every commit goes to the writer thread
-        else:
-            # Whatever the disk: on a busy machine a slow commit would rightly move to the thread.
-            journal.inline_max_commit_s = float("inf")
+        threads = CommitThreads(skip_statements if kind == "skipped" else run_commit_statements)
+        # Every commit to the writer thread, or (whatever the disk: on a busy machine a slow
+        # commit would rightly move to the thread) every commit of the idle loop on it.
+        bound = float("inf") if on_loop else 0.0
+        journal = SqliteJournal(path, inline_max_commit_s=bound, commit_statements=threads)
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
             for i in range(3):
                 await journal.wait_durable(journal.write(_row(f"call-{i}")))
-            assert (journal.inline_commits > 0) is on_loop
-            assert (journal.thread_commits > 0) is not on_loop
+            assert (threads.on_loop, threads.on_thread) == ((3, 0) if on_loop else (0, 3))
             nursery.cancel_scope.cancel()
         journal.close()
     # The same calls, the same commit path: only the real journal holds them afterwards.
     assert _stored_ids(paths["real"]) == ["call-0", "call-1", "call-2"]
     assert _stored_ids(paths["skipped"]) == []
+
+
+async def test_the_benchmark_journal_skips_its_commits_and_no_more(tmp_path: Path) -> None:
+    """What `toolwire_server --skip-commits` runs: waiters released, the file made, nothing
+    in it."""
+    path = tmp_path / "journal.sqlite3"
+    journal = skipped_commits_journal(path, "normal")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        for i in range(3):
+            await journal.wait_durable(journal.write(_row(f"call-{i}")))
+        assert journal.failure is None
+        nursery.cancel_scope.cancel()
+    journal.close()
+    assert path.exists()
+    assert _stored_ids(path) == []
 
 
 # A process whose main thread blocks on stdin while a second thread burns CPU, then parks (a

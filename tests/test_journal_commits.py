@@ -5,7 +5,9 @@ fast, and the WAL is checkpointed between commits so that it stays small."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -13,12 +15,15 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.commit_threads import CommitThreads
 from toolwire.actors.journal import (
     CHECKPOINT_PAGES,
     INLINE_MAX_ROWS,
     UPSERT_ROWS_PER_STATEMENT,
+    CommitBatch,
     JournalRow,
     SqliteJournal,
+    run_commit_statements,
 )
 
 CHAT = "chat"
@@ -65,10 +70,12 @@ def _stored(path: Path) -> Model:
 
 
 async def _commit_as_one_batch(path: Path, changes: list[Change], *, on_loop: bool) -> None:
-    """Queue every change before the writer task runs (so they are one batch), let it commit."""
-    journal = SqliteJournal(path)
-    if not on_loop:
-        journal.inline_max_rows = 0
+    """Queue every change before the writer task runs (so they are one batch), let it commit:
+    on the loop's thread (whatever the disk's speed) or on the writer thread."""
+    threads = CommitThreads()
+    journal = SqliteJournal(
+        path, inline_max_commit_s=float("inf") if on_loop else 0.0, commit_statements=threads
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         for change in changes:
@@ -76,6 +83,9 @@ async def _commit_as_one_batch(path: Path, changes: list[Change], *, on_loop: bo
         await journal.wait_durable(journal.queued_seq)
         nursery.cancel_scope.cancel()
     journal.close()
+    if changes:
+        one_batch_on_loop = on_loop and len(changes) <= INLINE_MAX_ROWS
+        assert (threads.on_loop, threads.on_thread) == ((1, 0) if one_batch_on_loop else (0, 1))
 
 
 changes_strategy = st.lists(
@@ -118,23 +128,29 @@ async def test_a_long_run_of_writes_lands_whole_and_the_later_row_wins(tmp_path:
 
 
 async def test_an_idle_loop_commits_on_its_own_thread(tmp_path: Path) -> None:
-    journal = SqliteJournal(tmp_path / "journal.sqlite3")
+    threads = CommitThreads()
     # Idleness alone decides here: on a loaded machine a fresh WAL's first fsyncs take
     # milliseconds, and a slow disk's own rule (the next test) would send commits to the thread.
-    journal.inline_max_commit_s = float("inf")
+    journal = SqliteJournal(
+        tmp_path / "journal.sqlite3", inline_max_commit_s=float("inf"), commit_statements=threads
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         for i in range(5):
             await journal.wait_durable(journal.write(_row(f"call-{i}", i, i)))
-        assert (journal.inline_commits, journal.thread_commits) == (5, 0)
+        assert (threads.on_loop, threads.on_thread) == (5, 0)
         nursery.cancel_scope.cancel()
     journal.close()
+    assert len(_stored(journal.path)) == 5
 
 
 async def test_a_busy_loop_a_large_batch_or_a_slow_disk_commit_on_the_writer_thread(
     tmp_path: Path,
 ) -> None:
-    journal = SqliteJournal(tmp_path / "journal.sqlite3")
+    threads = CommitThreads()
+    journal = SqliteJournal(
+        tmp_path / "journal.sqlite3", inline_max_commit_s=float("inf"), commit_statements=threads
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
 
@@ -149,25 +165,50 @@ async def test_a_busy_loop_a_large_batch_or_a_slow_disk_commit_on_the_writer_thr
             nursery.start_soon(busy)
         for i in range(20):
             await journal.wait_durable(journal.write(_row(f"busy-{i}", i, i)))
-        assert journal.thread_commits > journal.inline_commits
+        assert threads.on_thread > threads.on_loop
         nursery.cancel_scope.cancel()
-    before = journal.thread_commits
+    before = threads.on_thread
 
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         for i in range(INLINE_MAX_ROWS + 1):
             journal.write(_row(f"big-{i}", i, i))
         await journal.wait_durable(journal.queued_seq)
-        assert journal.thread_commits == before + 1
-
-        # Commits that average more than the bound (every commit does, with a bound of 0):
-        # the next ones leave the loop alone.
-        journal.inline_max_commit_s = 0.0
-        await journal.wait_durable(journal.write(_row("slow", 1, 1)))
-        assert journal.thread_commits == before + 2
+        assert threads.on_thread == before + 1
         nursery.cancel_scope.cancel()
     journal.close()
-    assert len(_stored(journal.path)) == 20 + INLINE_MAX_ROWS + 2
+    assert len(_stored(journal.path)) == 20 + INLINE_MAX_ROWS + 1
+
+
+def _slow_disk(db: sqlite3.Connection, batch: CommitBatch) -> None:
+    """A disk that takes 20 ms a commit: 20 times the journal's bound for the loop's thread,
+    so one such commit lifts the average (weight 0.1) over it however fast the machine is."""
+    time.sleep(0.02)
+    run_commit_statements(db, batch)
+
+
+async def test_a_disk_that_turns_slow_stalls_the_loop_once_then_commits_leave_it(
+    tmp_path: Path,
+) -> None:
+    threads = CommitThreads(_slow_disk)
+    journal = SqliteJournal(tmp_path / "journal.sqlite3", commit_statements=threads)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await journal.wait_durable(journal.write(_row("first", 1, 1)))
+        assert (threads.on_loop, threads.on_thread) == (1, 0)  # nothing said it was slow yet
+        for i in range(3):
+            await journal.wait_durable(journal.write(_row(f"slow-{i}", i, i)))
+        assert (threads.on_loop, threads.on_thread) == (1, 3)
+        nursery.cancel_scope.cancel()
+    journal.close()
+    assert len(_stored(journal.path)) == 4
+
+
+def test_a_negative_inline_bound_is_refused(tmp_path: Path) -> None:
+    for bad in (-0.001, float("nan")):
+        with pytest.raises(ValueError, match="inline_max_commit_s"):
+            SqliteJournal(tmp_path / "journal.sqlite3", inline_max_commit_s=bad)
+    assert not (tmp_path / "journal.sqlite3").exists()  # refused before the file is made
 
 
 @pytest.mark.parametrize("on_loop", [True, False], ids=["on-loop", "thread"])
@@ -177,9 +218,10 @@ async def test_the_wal_is_checkpointed_between_commits_and_stays_small(
     # Without checkpoints, 2,000 commits of one row each grow the WAL past 16 MB (two pages
     # or more each); SQLite's own checkpoint is off, so the journal's must keep it small.
     path = tmp_path / "journal.sqlite3"
-    journal = SqliteJournal(path)
-    if not on_loop:
-        journal.inline_max_rows = 0
+    threads = CommitThreads()
+    journal = SqliteJournal(
+        path, inline_max_commit_s=float("inf") if on_loop else 0.0, commit_statements=threads
+    )
     wal = Path(f"{path}-wal")
     largest = 0
     async with trio.open_nursery() as nursery:
@@ -191,6 +233,10 @@ async def test_the_wal_is_checkpointed_between_commits_and_stays_small(
         nursery.cancel_scope.cancel()
     largest = max(largest, os.stat(wal).st_size)
     journal.close()
+    if on_loop:  # a commit while the writer thread checkpoints goes to it, most do not
+        assert threads.on_loop > threads.on_thread and threads.on_loop + threads.on_thread == 2_000
+    else:
+        assert (threads.on_loop, threads.on_thread) == (0, 2_000)
     page_with_header = 4096 + 24
     assert largest < 2 * CHECKPOINT_PAGES * page_with_header
     assert len(_stored(path)) == 2_000

@@ -66,10 +66,6 @@ class Mailbox(Generic[_T]):
             self._error = error
             self._wakeup.set()
 
-    def take_nowait(self) -> _T | None:
-        """The next item if one is queued (for pure callers that cannot await)."""
-        return self._items.popleft() if self._items else None
-
     def __aiter__(self) -> Mailbox[_T]:
         return self
 
