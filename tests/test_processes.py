@@ -22,7 +22,9 @@ from toolwire.actors.processes import (
     ProcessTable,
     RealProcessBackend,
     SpawnedProcess,
+    StdinPort,
 )
+from toolwire.actors.terminal import TerminalSize
 
 TEST_DEADLINE_S = 10.0
 
@@ -157,15 +159,32 @@ class _HeldReapBackend:
         self._real = RealProcessBackend()
         self.reap_allowed = trio.Event()
 
-    def spawn(self, argv: list[str], cwd: str, env: Mapping[str, str]) -> SpawnedProcess:
-        return _HeldReap(self._real.spawn(argv, cwd, env), self.reap_allowed)
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+    ) -> SpawnedProcess:
+        real = self._real.spawn(argv, cwd, env, stdin=stdin, terminal=terminal)
+        return _HeldReap(real, self.reap_allowed)
 
 
 class _HeldReap:
+    """A real process (every method of `SpawnedProcess` is the real one's) whose `wait`, the
+    reap, waits for the test. The chat asks `group_alive` when it stops or watches the group,
+    so a missing method here fails the chat's stop and the test's teardown never ends."""
+
     def __init__(self, real: SpawnedProcess, reap_allowed: trio.Event) -> None:
         self._real = real
         self._reap_allowed = reap_allowed
         self.pid = real.pid
+
+    @property
+    def stdin(self) -> StdinPort | None:
+        return self._real.stdin
 
     async def read_some(self) -> bytes:
         return await self._real.read_some()
@@ -179,6 +198,9 @@ class _HeldReap:
 
     def signal_group(self, sig: signal.Signals) -> bool:
         return self._real.signal_group(sig)
+
+    def group_alive(self) -> bool:
+        return self._real.group_alive()
 
     def poll_exited(self) -> bool:
         return self._real.poll_exited()
