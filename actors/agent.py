@@ -14,7 +14,6 @@ from typing import Any
 
 import trio
 
-from toolwire.actors import processes
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.chat import ChatActor
 from toolwire.actors.chat_state import ChatState
@@ -259,13 +258,3 @@ class Agent:
         journal = self.ctx.journal
         if journal.queued_seq != self._journal_seq_at_start:
             await journal.wait_durable(journal.queued_seq)
-
-    async def stop_processes(self, grace_s: float) -> None:
-        """End every running process group: SIGTERM, then SIGKILL after `grace_s`."""
-        running = [p for chat in self.chats.values() for p in chat.running_processes()]
-        if not running:
-            return
-        async with trio.open_nursery() as nursery:
-            for proc in running:
-                proc.canceled = True
-                nursery.start_soon(processes.terminate, proc, grace_s)

@@ -519,8 +519,9 @@ class ProcessRecord:
     timed_out: bool = False
     canceled: bool = False
     exited: trio.Event = field(default_factory=trio.Event)
-    # Set when a `terminate` of the group has finished: the group is empty (or what is left of
-    # it could not be seen to go, see GROUP_GONE_AFTER_KILL_S). A cancel's reply waits for it.
+    # Set when a stop of the group (`runners.kill_group`) has finished: the group is empty (or
+    # what is left of it could not be seen to go, see GROUP_GONE_AFTER_KILL_S). A cancel's
+    # reply waits for it.
     stopped: trio.Event = field(default_factory=trio.Event)
     output_closed: trio.Event = field(default_factory=trio.Event)
     # Set whenever output arrives or the process changes state: waiters re-check.
@@ -729,25 +730,6 @@ async def reap(
         record.handle.close()
     on_exit(record)
     record.notify()
-
-
-async def terminate(record: ProcessRecord, grace_s: float) -> None:
-    """Stop the whole process group as PROTOCOL.md 5.3 says: SIGTERM, then every member (not
-    only the shell) has `grace_s` from that SIGTERM to exit, even after the shell itself has
-    exited; whatever is left then gets SIGKILL; return once the group is empty.
-
-    The grace is the group's, not the shell's: in `cd x && make test` the shell dies of the
-    SIGTERM at once while make and its children clean up; killing them the moment the shell
-    exits would give them no grace at all. The SIGKILL still goes to the group when the group
-    emptied within the grace (it then reaches nothing), so a member that ignores SIGTERM can
-    never outlive a canceled call."""
-    if record.handle.group_alive():
-        record.handle.signal_group(signal.SIGTERM)
-        await wait_until_group_empty(record, grace_s)
-    record.handle.signal_group(signal.SIGKILL)
-    await record.exited.wait()
-    await wait_until_group_empty(record, GROUP_GONE_AFTER_KILL_S)
-    record.stopped.set()
 
 
 async def wait_until_group_empty(

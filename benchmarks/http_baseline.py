@@ -337,7 +337,7 @@ async def main(workspace: str, token: str, journal: str = "memory", state_dir: s
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
-        await agent.stop_processes(0.5)
+        await agent.shutdown()  # as serve's SIGTERM: every call stopped and saved
         nursery.cancel_scope.cancel()
 
 

@@ -75,7 +75,7 @@ async def live(
     else:
         server = await start_server(nursery, workspace)
     yield server
-    await server.agent.stop_processes(0.5)
+    await server.server.shutdown()  # as SIGTERM stops `toolwire serve`: no process outlives it
 
 
 MakeServer = Callable[..., Awaitable[LiveServer]]
@@ -104,4 +104,4 @@ async def make_server(
 
     yield make
     for server in servers:
-        await server.agent.stop_processes(0.5)
+        await server.server.shutdown()

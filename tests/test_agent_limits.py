@@ -238,7 +238,7 @@ async def test_message_bytes_in_flight_make_readers_wait_without_stopping_anyone
         await _wait_until(lambda: gate.held == 0)
         for conn in (first, second, third):
             await conn.aclose()
-    await server.agent.stop_processes(0.5)
+    await server.server.shutdown()
 
 
 async def test_a_connection_that_drops_mid_message_frees_its_bytes(
@@ -266,7 +266,7 @@ async def test_a_connection_that_drops_mid_message_frees_its_bytes(
         await second.receive_messages(2)
         assert b"cancel_result" in str(second.messages[-1]).encode()
         await second.aclose()
-    await server.agent.stop_processes(0.5)
+    await server.server.shutdown()
 
 
 def test_serve_refuses_a_limit_it_cannot_keep(capsys: Any) -> None:

@@ -510,7 +510,7 @@ async def test_ten_gates_across_three_chats_answered_in_any_order(
                             caller, of("result", call_id, chat_id)
                         )
             finally:
-                await live.agent.stop_processes(0.5)
+                await live.server.shutdown()
                 nursery.cancel_scope.cancel()
 
 

@@ -472,7 +472,7 @@ async def test_after_an_agent_restart_a_call_it_does_not_know_fails_its_handle(
     try:
         await shell.run(body)
     finally:
-        await first.agent.stop_processes(0.5)
+        await first.server.shutdown()
 
 
 # -- approvals ---------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ async def faulty(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveSer
     journal = FaultyJournal(tmp_path / "state" / "journal.sqlite3")
     server = await start_server(nursery, workspace, journal=journal, result_cache_entries=0)
     yield server
-    await server.agent.stop_processes(0.5)
+    await server.server.shutdown()
 
 
 def journal_of(server: LiveServer) -> FaultyJournal:

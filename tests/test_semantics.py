@@ -630,7 +630,7 @@ async def test_a_burst_of_executes_cannot_pass_the_limit(
             assert not any(isinstance(e, ResultEvent) for e in got)
             assert len(agent.chats["c"].processes.running()) == 2
     finally:
-        await agent.stop_processes(0.5)
+        await agent.shutdown()
 
 
 async def test_chats_are_isolated_both_ways(live: LiveServer) -> None:

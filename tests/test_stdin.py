@@ -23,7 +23,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolwire.actors import processes, stdin
+from toolwire.actors import processes, runners, stdin
 from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.processes import ProcessRecord, ProcessTable, RealProcessBackend
 from toolwire.actors.results import (
@@ -104,7 +104,9 @@ class Procs:
     async def stop_all(self) -> None:
         with trio.move_on_after(5):
             for record in self.table.running():
-                await processes.terminate(record, 0.5)
+                # The chat's own stop of a group: SIGTERM, the grace, SIGKILL.
+                await runners.term_group(record, 0.5)
+                await runners.kill_group(record)
 
 
 @pytest.fixture(params=["posix_spawn", "popen"])

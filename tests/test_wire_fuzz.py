@@ -249,7 +249,7 @@ class Run:
                 await self._quiesce()
                 for conn in self.conns:
                     await self._close(conn)
-                await self.server.agent.stop_processes(0.5)
+                await self.server.server.shutdown()
                 nursery.cancel_scope.cancel()
             self.marker_lines = (
                 self.markers.read_text().splitlines() if self.markers.exists() else []
