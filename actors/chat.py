@@ -179,9 +179,6 @@ class ChatActor:
         self._request(fx.Sweep())
         self.processes.sweep(trio.current_time())
 
-    def running_processes(self) -> list[processes.ProcessRecord]:
-        return self.processes.running()
-
     # -----------------------------------------------------------------------------------------
     # The interpreter
 

@@ -273,10 +273,6 @@ class TurnState:
     finished: bool = False
     done: bool = False  # its turn_result went to the followers
 
-    def current_calls(self) -> list[str]:
-        """The calls of the segment running now (none before the first or after the last)."""
-        return self.segments[self.segment] if 0 <= self.segment < len(self.segments) else []
-
 
 @dataclass(eq=False, slots=True)
 class _Delivery:
