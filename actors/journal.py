@@ -396,10 +396,22 @@ class SqliteJournal(Journal):
         *,
         inline_max_commit_s: float = INLINE_MAX_COMMIT_S,
         commit_statements: CommitStatements | None = None,
+        write_retry_delays_s: Sequence[float] = WRITE_RETRY_DELAYS_S,
+        identity_check_min_gap_s: float = IDENTITY_CHECK_MIN_GAP_S,
+        identity_check_interval_s: float = IDENTITY_CHECK_INTERVAL_S,
     ) -> None:
         """`inline_max_commit_s`: commits run on the loop's thread only while they average
         less than this (INLINE_MAX_COMMIT_S); 0 sends every commit to the writer thread,
         `inf` lets the loop's idleness and the batch's size alone decide.
+
+        `write_retry_delays_s`: when every change of a batch is refused and the probe fails
+        too, the journal tries again after each of these pauses before it gives up
+        (WRITE_RETRY_DELAYS_S); each >= 0 and finite, empty for no second try.
+
+        `identity_check_min_gap_s`: a commit checks that the journal's files are still the ones
+        at its path unless the last check was less than this ago (IDENTITY_CHECK_MIN_GAP_S);
+        0 checks at every commit. `identity_check_interval_s`: how often an idle journal checks
+        (IDENTITY_CHECK_INTERVAL_S); > 0, `inf` for never.
 
         `commit_statements`: runs every commit's statements, on the loop's thread or the
         writer thread, inside the journal's whole commit path (batching, the choice of thread,
@@ -412,6 +424,20 @@ class SqliteJournal(Journal):
         if not inline_max_commit_s >= 0:
             raise ValueError(
                 f"inline_max_commit_s must be >= 0 seconds, got {inline_max_commit_s!r}"
+            )
+        write_retry_delays_s = tuple(write_retry_delays_s)
+        if not all(0 <= delay < math.inf for delay in write_retry_delays_s):
+            raise ValueError(
+                "write_retry_delays_s must be pauses of >= 0 finite seconds, "
+                f"got {write_retry_delays_s!r}"
+            )
+        if not identity_check_min_gap_s >= 0:
+            raise ValueError(
+                f"identity_check_min_gap_s must be >= 0 seconds, got {identity_check_min_gap_s!r}"
+            )
+        if not identity_check_interval_s > 0:
+            raise ValueError(
+                f"identity_check_interval_s must be > 0 seconds, got {identity_check_interval_s!r}"
             )
         self.path = path
         self.sync = sync
@@ -445,9 +471,9 @@ class SqliteJournal(Journal):
         self._failure: str | None = None
         # Changes refused one by one (the journal still writes others): seq -> SQLite's error.
         self._refused: dict[int, BaseException] = {}
-        self.write_retry_delays_s = WRITE_RETRY_DELAYS_S
-        self.identity_check_interval_s = IDENTITY_CHECK_INTERVAL_S
-        self.identity_check_min_gap_s = IDENTITY_CHECK_MIN_GAP_S
+        self._write_retry_delays_s = write_retry_delays_s
+        self._identity_check_interval_s = identity_check_interval_s
+        self._identity_check_min_gap_s = identity_check_min_gap_s
         self._identity_checked_at = -math.inf  # time.monotonic() of the last check
         self.commit_durations = Durations()
         # Commits on the loop's thread: see INLINE_MAX_ROWS.
@@ -729,7 +755,7 @@ class SqliteJournal(Journal):
         try:
             while True:
                 if not self._ops:
-                    with trio.move_on_after(self.identity_check_interval_s) as idle:
+                    with trio.move_on_after(self._identity_check_interval_s) as idle:
                         await self._wakeup.wait()
                     if idle.cancelled_caught:
                         replaced = self._replaced()
@@ -828,7 +854,7 @@ class SqliteJournal(Journal):
     def _commit_one_by_one(
         self, batch: _Batch, error: Exception
     ) -> tuple[_Refused, Exception | None]:
-        for delay in (0.0, *self.write_retry_delays_s):
+        for delay in (0.0, *self._write_retry_delays_s):
             if delay:
                 time.sleep(delay)  # the writer thread's own: the loop and the reads go on
             refused: _Refused = []
@@ -864,7 +890,7 @@ class SqliteJournal(Journal):
     def _replaced_lately(self) -> str | None:
         """`_replaced`, unless it was checked less than `identity_check_min_gap_s` ago."""
         now = time.monotonic()
-        if now - self._identity_checked_at < self.identity_check_min_gap_s:
+        if now - self._identity_checked_at < self._identity_check_min_gap_s:
             return None
         self._identity_checked_at = now
         return self._replaced()

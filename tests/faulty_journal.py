@@ -11,9 +11,11 @@ operations fail the way SQLite fails them:
 - `fail_every_write` is a disk that takes nothing any more (full, read-only, gone): every
   commit fails, the probe too.
 
-Failures are raised inside `_commit`, the one call every commit goes through (it runs the
-journal's `commit_statements`, which the journal benchmark's bound replaces), so the journal's
-own handling of them is what runs.
+Failures are raised inside the journal's public seam `commit_statements`, the one call every
+commit goes through (on either thread, the probe too), so the journal's own handling of them
+is what runs. A change is known by its statement's verb and table (the seam hands over each
+change's SQL and parameters): should the journal's statements change, a fault of their kind
+never fires and the test that expects it fails.
 """
 
 from __future__ import annotations
@@ -25,20 +27,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolwire.actors import journal as journal_module
-from toolwire.actors.journal import SqliteJournal
+from toolwire.actors.journal import CommitBatch, SqliteJournal, run_commit_statements
 from toolwire.actors.results import Result
 
-# The statement of each kind of change, as the journal queues it.
+# Each kind of change, by how its statement begins (its verb and table).
 KINDS: dict[str, str] = {
-    "write": journal_module._UPSERT,
-    "touch": journal_module._TOUCH,
-    "delete": journal_module._DELETE,
-    "approve_tool": journal_module._APPROVE_TOOL,
-    "forget_approvals": journal_module._FORGET_APPROVALS,
-    "mark_closed": journal_module._MARK_CLOSED,
-    "forget_closed": journal_module._FORGET_CLOSED,
+    "write": "INSERT INTO calls ",
+    "touch": "UPDATE calls ",
+    "delete": "DELETE FROM calls ",
+    "approve_tool": "INSERT OR IGNORE INTO chat_approvals ",
+    "forget_approvals": "DELETE FROM chat_approvals ",
+    "mark_closed": "INSERT OR IGNORE INTO closed_chats ",
+    "forget_closed": "DELETE FROM closed_chats ",
 }
+
+
+def kind_of(sql: str) -> str | None:
+    """The kind of change `sql` makes; None for the journal's probe (a write to `meta`)."""
+    return next((kind for kind, head in KINDS.items() if sql.startswith(head)), None)
 
 
 def disk_io_error() -> sqlite3.OperationalError:
@@ -54,25 +60,24 @@ class _Fault:
     times: int | None  # None: until cleared
 
     def matches(self, sql: str, params: tuple[Any, ...]) -> bool:
-        if KINDS[self.kind] is not sql:
+        if kind_of(sql) != self.kind:
             return False
-        chat_id, call_id = _keys(sql, params)
+        chat_id, call_id = _keys(self.kind, params)
         return (self.chat_id is None or self.chat_id == chat_id) and (
             self.call_id is None or self.call_id == call_id
         )
 
 
-def _keys(sql: str, params: tuple[Any, ...]) -> tuple[str | None, str | None]:
-    if sql is journal_module._TOUCH:
+def _keys(kind: str, params: tuple[Any, ...]) -> tuple[str | None, str | None]:
+    if kind == "touch":  # (touched_at_ms, chat_id, call_id)
         return params[1], params[2]
-    if sql in (journal_module._UPSERT, journal_module._DELETE):
+    if kind in ("write", "delete"):  # (chat_id, call_id, ...)
         return params[0], params[1]
     return (params[0] if params else None), None
 
 
 class FaultyJournal(SqliteJournal):
     def __init__(self, path: Path, sync: str = "full") -> None:
-        super().__init__(path, sync)
         # Commits run on the loop's thread and on the writer's: the faults are shared.
         self._lock = threading.Lock()
         self._faults: list[_Fault] = []
@@ -80,8 +85,13 @@ class FaultyJournal(SqliteJournal):
         self._every_write: BaseException | None = None
         self.reads_failed = 0
         self.commits_failed = 0
-        # Retries without the real pauses (the journal's own ones are for real disks).
-        self.write_retry_delays_s = (0.0, 0.0)
+        super().__init__(
+            path,
+            sync,
+            commit_statements=self._run_or_fail,
+            # Retries without the real pauses (the journal's own ones are for real disks).
+            write_retry_delays_s=(0.0, 0.0),
+        )
 
     # What to fail
 
@@ -126,7 +136,7 @@ class FaultyJournal(SqliteJournal):
             raise error
         return await super().read_results(keys)
 
-    def _commit(self, batch: list[tuple[int, str, tuple[Any, ...]]]) -> None:
+    def _run_or_fail(self, db: sqlite3.Connection, batch: CommitBatch) -> None:
         error = self._every_write
         if error is None:
             with self._lock:
@@ -143,4 +153,4 @@ class FaultyJournal(SqliteJournal):
         if error is not None:
             self.commits_failed += 1
             raise error
-        super()._commit(batch)
+        run_commit_statements(db, batch)

@@ -9,6 +9,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -208,6 +209,27 @@ def test_a_negative_inline_bound_is_refused(tmp_path: Path) -> None:
     for bad in (-0.001, float("nan")):
         with pytest.raises(ValueError, match="inline_max_commit_s"):
             SqliteJournal(tmp_path / "journal.sqlite3", inline_max_commit_s=bad)
+    assert not (tmp_path / "journal.sqlite3").exists()  # refused before the file is made
+
+
+@pytest.mark.parametrize(
+    ("parameter", "bad"),
+    [
+        ("write_retry_delays_s", (0.1, -0.1)),
+        ("write_retry_delays_s", (float("inf"),)),
+        ("write_retry_delays_s", (float("nan"),)),
+        ("identity_check_min_gap_s", -0.001),
+        ("identity_check_min_gap_s", float("nan")),
+        ("identity_check_interval_s", 0.0),
+        ("identity_check_interval_s", -1.0),
+        ("identity_check_interval_s", float("nan")),
+    ],
+)
+def test_a_bad_retry_or_identity_check_timing_is_refused_by_name(
+    tmp_path: Path, parameter: str, bad: Any
+) -> None:
+    with pytest.raises(ValueError, match=parameter):
+        SqliteJournal(tmp_path / "journal.sqlite3", **{parameter: bad})
     assert not (tmp_path / "journal.sqlite3").exists()  # refused before the file is made
 
 

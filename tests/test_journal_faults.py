@@ -369,8 +369,7 @@ async def test_a_journal_deleted_under_the_agent_stops_it_at_the_next_commit(
     workspace = tmp_path / "ws"
     workspace.mkdir()
     path = tmp_path / "state" / "journal.sqlite3"
-    journal = SqliteJournal(path)
-    journal.identity_check_min_gap_s = 0.0  # every commit checks, as at rest
+    journal = SqliteJournal(path, identity_check_min_gap_s=0.0)  # every commit checks, as at rest
     server = await start_server(nursery, workspace, journal=journal)
     async with server.connect() as conn:
         await conn.send({"type": "call", "chat_id": "c2", "call_id": "long", "tool": "execute",
@@ -390,8 +389,7 @@ async def test_a_journal_replaced_under_an_idle_agent_is_found_without_a_commit(
     workspace = tmp_path / "ws"
     workspace.mkdir()
     path = tmp_path / "state" / "journal.sqlite3"
-    journal = SqliteJournal(path)
-    journal.identity_check_interval_s = 0.05
+    journal = SqliteJournal(path, identity_check_interval_s=0.05)
     server = await start_server(nursery, workspace, journal=journal)
     async with server.connect() as conn:
         replacement = path.with_name("other")
