@@ -44,13 +44,13 @@ class ChatActor:
     __slots__ = (
         "_draining",
         "_inbox",
-        "_journal",
         "_shutdown_done",
         "_tasks",
         "_work",
         "chat_id",
         "ctx",
         "followers",
+        "journal_effects",
         "processes",
         "state",
     )
@@ -86,7 +86,7 @@ class ChatActor:
         self._draining = False
         # Started in the agent's nursery (`start`) when the chat has work.
         self._tasks = TaskHost(chat_id, start)
-        self._journal = JournalEffects(chat_id, ctx, self, self._tasks)
+        self.journal_effects = JournalEffects(chat_id, ctx, self, self._tasks)
         self._shutdown_done: trio.Event | None = None
 
     @property
@@ -261,14 +261,14 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.Detach: lambda chat, e: chat.followers.detach(e),
     fx.Forgotten: lambda chat, e: chat.followers.forgotten(e),
     fx.CallEnded: ChatActor._call_ended,
-    fx.JournalWrite: lambda chat, e: chat._journal.write(e),
-    fx.JournalTouch: lambda chat, e: chat._journal.touch(e),
-    fx.JournalDelete: lambda chat, e: chat._journal.delete(e),
-    fx.JournalApproveTool: lambda chat, e: chat._journal.approve_tool(e),
-    fx.JournalForgetApprovals: lambda chat, e: chat._journal.forget_approvals(e),
-    fx.JournalClose: lambda chat, e: chat._journal.close(e),
-    fx.JournalReopen: lambda chat, e: chat._journal.reopen(e),
-    fx.ReadBack: lambda chat, e: chat._journal.read_back(e),
+    fx.JournalWrite: lambda chat, e: chat.journal_effects.write(e),
+    fx.JournalTouch: lambda chat, e: chat.journal_effects.touch(e),
+    fx.JournalDelete: lambda chat, e: chat.journal_effects.delete(e),
+    fx.JournalApproveTool: lambda chat, e: chat.journal_effects.approve_tool(e),
+    fx.JournalForgetApprovals: lambda chat, e: chat.journal_effects.forget_approvals(e),
+    fx.JournalClose: lambda chat, e: chat.journal_effects.close(e),
+    fx.JournalReopen: lambda chat, e: chat.journal_effects.reopen(e),
+    fx.ReadBack: lambda chat, e: chat.journal_effects.read_back(e),
     fx.RunTool: lambda chat, e: chat.work.run_tool(e),
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),

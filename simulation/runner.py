@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
-import trio.testing
 
 from toolwire.actors.chat_state import ChatState
 from toolwire.simulation.checker import check
@@ -18,6 +17,7 @@ from toolwire.simulation.orchestrator import ChatDriver
 from toolwire.simulation.planted import PLANTED
 from toolwire.simulation.scenario import SHARED_FILES, Plan, make_plan, scenario_for
 from toolwire.simulation.trace import EFFECT, EV, REQ, Trace, render_lines
+from toolwire.simulation.virtual_trio import deterministic_scheduling, run_in_virtual_time
 from toolwire.simulation.world import (
     World,
     instrumented,
@@ -48,20 +48,6 @@ class SeedResult:
     @property
     def ok(self) -> bool:
         return not self.violations
-
-
-def deterministic_scheduling(seed: int) -> None:
-    """Make trio's scheduler a function of the seed.
-
-    trio shuffles each batch of runnable tasks with its own `random.Random` (to keep code from
-    relying on an order). Its hypothesis plugin makes that reproducible by sorting each batch by
-    task creation order before shuffling with a seeded generator; the simulator does the same,
-    seeding the generator with the seed. (This is trio's private hook: `trio._core._run`.)
-    """
-    import trio._core._run as trio_run
-
-    setattr(trio_run, "_ALLOW_DETERMINISTIC_SCHEDULING", True)  # noqa: B010 - a Final global
-    trio_run._r.seed(f"{seed}/trio")
 
 
 def run_world(
@@ -103,7 +89,7 @@ def run_world(
         crashed: list[str] = []
         with quiet_runtime_logs(), instrumented(world):
             try:
-                trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+                run_in_virtual_time(main)
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt):
                     raise

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
-import trio.testing
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
 
 from toolwire.actors import events
@@ -63,6 +62,7 @@ from toolwire.simulation.trace import (
     Trace,
     TurnReq,
 )
+from toolwire.simulation.virtual_trio import memory_stream_pair
 from toolwire.simulation.wire import SUBPROTOCOL_NAMES, RecordingAgent, from_message, to_message
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding
 from toolwire.transport.server import Server, ServerConfig
@@ -459,7 +459,7 @@ class World:
 
     async def _open_wire(self, conn: Conn) -> None:
         assert self._nursery is not None and self.server is not None
-        client, server_end = trio.testing.memory_stream_pair()
+        client, server_end = memory_stream_pair()
         self._nursery.start_soon(self.server.handle_connection, server_end)
         subprotocol = self.rng.choice(SUBPROTOCOL_NAMES)
         ws = await wrap_client_stream(
