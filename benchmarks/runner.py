@@ -37,8 +37,6 @@ from toolwire.benchmarks.scenarios import (
     transport,
 )
 
-DEFAULT_OUT = Path("bench-results")
-
 
 @dataclass(frozen=True)
 class Scenario:

@@ -50,7 +50,6 @@ class SimJournal(Journal):
         self._committed = trio.Event()
         self._waiters = CommitWaiters()
         self._wakeup = trio.Event()
-        self.commits = 0
         self.lost_writes = 0
         # A crash fences the journal until the next agent's writer starts: a task of the dead
         # agent that was already scheduled when it died may still run up to its next
@@ -146,7 +145,6 @@ class SimJournal(Journal):
                 return  # this writer's agent died while the batch was on its way to disk
             for _, op, payload in batch:
                 self._apply(op, payload)
-            self.commits += 1
             self._durable_seq = batch[-1][0]
             self._committed.set()
             self._committed = trio.Event()

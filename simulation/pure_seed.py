@@ -269,7 +269,6 @@ class SeedWorld(World):
 
     def __init__(self, sim: PureSim, chat: ChatPlan, config: ChatConfig, cache: int) -> None:
         self.sim = sim
-        self.plan_chat = chat
         self.epoch = 0  # bumped by a crash and a boot: what was scheduled before is void
         self.groups_model: dict[str, Group] = {}
         self.followers: dict[str, set[Any]] = {}

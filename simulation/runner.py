@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 import traceback
 from collections import Counter
@@ -136,20 +135,6 @@ def run_world(
     return result
 
 
-def run_seeds(seeds: list[int], scenario: str, plant: str | None) -> list[SeedResult]:
-    """One worker's share (kept small in the parent: no traces)."""
-    return [run_world(seed, scenario, plant=plant) for seed in seeds]
-
-
 def chunks(seeds: list[int], size: int) -> Iterator[list[int]]:
     for i in range(0, len(seeds), size):
         yield seeds[i : i + size]
-
-
-def first_seeds(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
-
-def random_seeds(n: int, base: int) -> list[int]:
-    rng = random.Random(base)
-    return [rng.getrandbits(31) for _ in range(n)]

@@ -783,7 +783,3 @@ def _poisson(rng: random.Random, mean: float) -> int:
         if p <= limit:
             return k
         k += 1
-
-
-def with_overrides(scenario: Scenario, **changes: object) -> Scenario:
-    return replace(scenario, **changes)  # type: ignore[arg-type]
