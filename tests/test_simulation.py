@@ -22,6 +22,7 @@ import trio.testing
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
+from tests.sim_programs import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.chat import CallSpec
 from toolwire.actors.chat_state import ChatState
@@ -33,7 +34,6 @@ from toolwire.cli.main import main as toolwire
 from toolwire.simulation.checker import check
 from toolwire.simulation.journal import SimJournal
 from toolwire.simulation.modes import mode_for, run_pure_seed
-from toolwire.simulation.ops import FAULT_KINDS, MOVE_KINDS, Fault, Move, Program, run_program
 from toolwire.simulation.planted import PLANTED
 from toolwire.simulation.processes import Member, Script, SimBackend, SimProcess
 from toolwire.simulation.runner import SeedResult, run_world

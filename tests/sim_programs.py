@@ -1,4 +1,5 @@
-"""Explicit operation lists for property-based testing (hypothesis draws a `Program`).
+"""Explicit operation lists for the simulation's property-based test (tests/test_simulation.py:
+hypothesis draws a `Program`).
 
 A `Program` fixes the shape of a run (chats, messages, calls per message) and lists its
 operations: faults at virtual times (drop a connection, stall a reader, crash the agent) and
