@@ -11,9 +11,11 @@ a cache too: tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -408,9 +410,12 @@ def test_sqlite_recovers_rows_one_at_a_time_in_touch_order(tmp_path: Path) -> No
         )
         for i in range(60)
     ]
-    journal._commit([(seq, "INSERT INTO calls VALUES (?, ?, ?, ?)", (
-        row.chat_id, row.call_id, msgspec.msgpack.encode(row), row.touched_at_ms,
-    )) for seq, row in enumerate(rows, 1)])  # fmt: skip
+    # The rows as an earlier agent left them on disk, in no particular order: written here
+    # through a connection of the test's own.
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?)", [(
+            row.chat_id, row.call_id, msgspec.msgpack.encode(row), row.touched_at_ms,
+        ) for row in rows])  # fmt: skip
     recovered = journal.recover()
     first = next(recovered)  # a generator: rows come off the cursor as they are asked for
     order = [(r.touched_at_ms, r.chat_id, r.call_id) for r in [first, *recovered]]
