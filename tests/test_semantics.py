@@ -896,28 +896,39 @@ async def test_forgetting_after_the_age_and_touches_reset_it(
     assert result.result.data is not None and result.result.data["content"] == "v2\n"
 
 
+def _tasks_under(nursery: trio.Nursery) -> int:
+    """Every task `nursery` runs, and every task of theirs, however deep."""
+    return sum(
+        1 + sum(_tasks_under(child) for child in task.child_nurseries)
+        for task in nursery.child_tasks
+    )
+
+
 async def test_idle_chats_are_dropped_with_their_task(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     (tmp_path / "f.txt").write_text("x\n")
     ctx = AgentContext(workspace=str(tmp_path), limits=Limits(forget_after_s=10))
     agent = await nursery.start(Agent(ctx).run)
+    await trio.testing.wait_all_tasks_blocked()
+    # The agent's own tasks (its run, the sweeper and the journal writer), seen through trio's
+    # task tree from the nursery that runs the agent.
+    at_rest = _tasks_under(nursery)
+    assert at_rest >= 3
     outbox = Outbox()
     for i in range(20):
         agent.call(outbox, f"chat-{i}", read_spec("r"), stream=True, rid=None)
     await drain(outbox)
-    assert agent._nursery is not None
     assert len(agent.chats) == 20
-    # A chat holds a task only while it has work: twenty chats of finished records hold none
-    # (the agent's own tasks are the sweeper and the journal writer).
+    # A chat holds a task only while it has work: twenty chats of finished records hold none.
     await trio.testing.wait_all_tasks_blocked()
-    assert len(agent._nursery.child_tasks) == 2
+    assert _tasks_under(nursery) == at_rest
     await trio.sleep(11)
     agent.sweep()
     await trio.testing.wait_all_tasks_blocked()
     # Memory is bounded by live records: forgotten chats are dropped and leave no task behind.
     assert agent.chats == {}
-    assert len(agent._nursery.child_tasks) == 2
+    assert _tasks_under(nursery) == at_rest
     # And a chat id can come back.
     agent.call(outbox, "chat-0", read_spec("r"), stream=True, rid=None)
     got = await drain(outbox)
