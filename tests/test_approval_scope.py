@@ -30,7 +30,7 @@ from tests.test_approvals import (
     seen,
     state_seen_by_new_request,
 )
-from tests.test_journal import _kill9, _token
+from tests.test_journal import kill9, state_token
 from tests.test_serve import serve
 from tests.wsclient import connect, is_result, of, wait_for
 from toolwire.actors.agent import Agent, AgentContext, Limits
@@ -200,15 +200,15 @@ async def test_the_typed_client_approves_for_the_chat(live: LiveServer) -> None:
 
 async def test_the_scope_survives_kill9_and_restart(tmp_path: Path) -> None:
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             await conn.send(marked_execute(CHAT, "e1", approval=True))
             await wait_for(conn, of("approval", "e1"))
             await conn.send(approve_msg(CHAT, "e1", True, scope="chat"))
             # A result is published once durable, and the approval was queued before the
             # call's start: its result proves the approval is on disk.
             assert (await wait_for(conn, is_result("e1")))["outcome"] == "completed"
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         await conn.send(marked_execute(CHAT, "e2", approval=True))
         assert (await wait_for(conn, of("accepted", "e2")))["state"] == "running"
         assert (await wait_for(conn, is_result("e2")))["outcome"] == "completed"

@@ -14,7 +14,7 @@ import trio
 
 from tests.conftest import LiveServer
 from tests.oswatch import alive
-from tests.test_journal import _kill9, _token
+from tests.test_journal import kill9, state_token
 from tests.test_serve import serve
 from tests.wsclient import connect, of, wait_for
 from toolwire.actors.agent import Agent, AgentContext, Limits
@@ -239,15 +239,15 @@ async def test_recovery_drops_the_close_of_a_chat_with_no_records_left(tmp_path:
 async def test_a_close_survives_kill9_and_a_repeat_of_it_answers_at_once(tmp_path: Path) -> None:
     args = {"command": "echo ran >> runs.txt; echo up; exec sleep 100"}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             await conn.send(call("c", "x", "execute", args))
             # Its output says the marker is written: the close stops it after that.
             await wait_for(conn, lambda m: m["type"] == "output" and m["call_id"] == "x")
             await conn.send({"type": "close_chat", "chat_id": "c", "rid": 1})
             closed = await wait_for(conn, lambda m: m["type"] == "chat_closed")
             first = await wait_for(conn, of("result", "x"))
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         refused = await conn.call("c", "y", "execute", {"command": "touch y.txt"})
         again = await conn.call("c", "x", "execute", args)
         await conn.send({"type": "close_chat", "chat_id": "c", "rid": 2})

@@ -168,11 +168,11 @@ async def test_forgetting_deletes_from_the_journal(tmp_path: Path) -> None:
 # kill -9 of a real `toolwire serve`, restart on the same state dir
 
 
-def _token(tmp_path: Path) -> str:
+def state_token(tmp_path: Path) -> str:
     return (tmp_path / "state" / "token").read_text().strip()
 
 
-async def _kill9(process: trio.Process) -> None:
+async def kill9(process: trio.Process) -> None:
     process.send_signal(signal.SIGKILL)
     await process.wait()
 
@@ -184,14 +184,14 @@ async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_ag
     command = f"echo ran >> {marker}; echo $$ > shell.pid; echo started; sleep 300"
     args = {"command": command}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             await conn.send({"type": "call", "chat_id": "c", "call_id": "long", "tool": "execute",
                              "args": args})  # fmt: skip
             await conn.recv_until(lambda m: m["type"] == "output" and "started" in m["data"])
-        await _kill9(server.process)
+        await kill9(server.process)
     orphan = int((tmp_path / "ws" / "shell.pid").read_text())
     try:
-        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
             assert "1 records recovered" in server.stderr_path.read_text()
             repeat = await conn.call("c", "long", "execute", args)
             assert repeat["outcome"] == "unknown"
@@ -220,10 +220,10 @@ async def test_kill9_after_the_result_serves_it_again_byte_for_byte(
     args = {"command": "echo ran >> runs.txt; echo done"}
     async with serve(tmp_path, "--sync", sync) as server:
         assert f"(sync {sync})" in server.stderr_path.read_text()
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             first = await conn.call("c", "x", "execute", args)
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         again = await conn.call("c", "x", "execute", args)
         assert again == first
         conflict = await conn.call("c", "x", "execute", {"command": "echo other"})
@@ -233,12 +233,12 @@ async def test_kill9_after_the_result_serves_it_again_byte_for_byte(
 
 async def test_kill9_after_a_cancel_tombstone_still_refuses(tmp_path: Path) -> None:
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["late"], "rid": 1})
             reply = await conn.recv_until(lambda m: m["type"] == "cancel_result")
             assert reply[-1]["received"] is False
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         result = await conn.call("c", "late", "execute", {"command": "touch ran.txt"})
         assert result["outcome"] == "not_run" and result["text"] == TEXT_CANCELED_BEFORE_RUN
     assert not (tmp_path / "ws" / "ran.txt").exists()
@@ -247,7 +247,7 @@ async def test_kill9_after_a_cancel_tombstone_still_refuses(tmp_path: Path) -> N
 async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
     args = {"command": "echo ran >> runs.txt"}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             await conn.send({"type": "call", "chat_id": "c", "call_id": "g", "tool": "execute",
                              "args": args, "approval": True})  # fmt: skip
             await conn.recv_until(lambda m: m["type"] == "approval")
@@ -255,8 +255,8 @@ async def test_kill9_with_a_parked_gate_parks_it_again(tmp_path: Path) -> None:
             # before its reply, and commits are in order: its reply proves the gate landed.
             await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["other"]})
             await conn.recv_until(lambda m: m["type"] == "cancel_result")
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "g"})
         got = await conn.recv_until(lambda m: m["type"] == "approval")
         assert got[0]["type"] == "accepted" and got[0]["state"] == "awaiting_approval"
@@ -276,7 +276,7 @@ async def test_only_a_parked_gate_keeps_its_args_on_disk(tmp_path: Path) -> None
     content = "x" * 300_000
     command = {"command": "echo gated"}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             wrote = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": content})
             assert wrote["outcome"] == "completed"
             ran = await conn.call("c", "e", "execute", {"command": "true"})
@@ -303,8 +303,8 @@ async def test_only_a_parked_gate_keeps_its_args_on_disk(tmp_path: Path) -> None
             assert other["type"] == "error" and other["code"] == "conflict"
             same = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": content})
             assert same["type"] == "result" and same["outcome"] == "completed"
-        await _kill9(server.process)
-    async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        await kill9(server.process)
+    async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
         # After a restart: the fingerprint still tells a repeat from a conflict.
         other = await conn.call("c", "w", "write_file", {"path": "f.txt", "content": "y"})
         assert other["type"] == "error" and other["code"] == "conflict"
@@ -319,7 +319,7 @@ async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path:
     journal = tmp_path / "state" / "journal.sqlite3"
     wait = {"process_id": "bg", "wait": True, "wait_ms": 60_000}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             started = await conn.call("c", "bg", "execute", {"command": "sleep 300"},
                                       background=True)  # fmt: skip
             assert started["type"] == "result"  # returned at once; the process runs on
@@ -338,9 +338,9 @@ async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path:
             rows = {call_id for (call_id,) in db.execute("SELECT call_id FROM calls")}
             db.close()
             assert rows == {"bg", "barrier"}  # no row for the waiting read
-        await _kill9(server.process)
+        await kill9(server.process)
     try:
-        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
             repeat = await conn.call("c", "w", "process_output", wait)
             accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
             assert accepted["replay"] is False  # a new call: nothing of it survived
@@ -378,7 +378,7 @@ async def test_kill9_at_a_random_moment_nothing_runs_twice(tmp_path: Path, seed:
     }
     seen_before: dict[str, dict[str, Any]] = {}
     async with serve(tmp_path) as server:
-        async with connect(server.url, _token(tmp_path)) as conn:
+        async with connect(server.url, state_token(tmp_path)) as conn:
             for call_id, args in calls.items():
                 await conn.send({"type": "call", "chat_id": "c", "call_id": call_id,
                                  "tool": "execute", "args": args})  # fmt: skip
@@ -387,10 +387,10 @@ async def test_kill9_at_a_random_moment_nothing_runs_twice(tmp_path: Path, seed:
                 message = await conn.recv()
                 if message["type"] == "result":
                     seen_before[message["call_id"]] = message
-        await _kill9(server.process)
+        await kill9(server.process)
     ws = tmp_path / "ws"
     try:
-        async with serve(tmp_path) as server, connect(server.url, _token(tmp_path)) as conn:
+        async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
             for call_id, args in calls.items():
                 result = await conn.call("c", call_id, "execute", args)
                 assert result["type"] == "result"
