@@ -236,7 +236,7 @@ class ChatStateMachine(RuleBasedStateMachine):
         if hasattr(self, "world"):
             self.world.quiesce()
             self.world.check_all_answered()
-            assert not self.world.state._replies, "a reply still waits in a quiet chat"
+            assert self.world.state.replies_waiting == 0, "a reply still waits in a quiet chat"
 
 
 # The suite's share; TOOLWIRE_STATE_EXAMPLES=20000 for a long search.
