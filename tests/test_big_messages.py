@@ -83,8 +83,14 @@ def test_the_bounds_scan_in_pieces_is_the_whole_scan(frame: str | bytes, piece: 
 
 
 @given(text=_frame_text)
-def test_the_digit_run_check_is_the_regular_expression(text: str) -> None:
-    assert bounds._has_long_digit_run(text) == (re.search("[0-9]{19}", text) is not None)
+def test_a_text_frame_may_exceed_the_bounds_exactly_when_deep_or_a_long_digit_run(
+    text: str,
+) -> None:
+    # The fast digit-run scan answers as the regular expression does (and so does the scan
+    # in pieces, above).
+    deep = text.count("{") + text.count("[") > bounds.MAX_NESTING_DEPTH
+    long_digits = re.search("[0-9]{19}", text) is not None
+    assert bounds.may_exceed_bounds(text) == (deep or long_digits)
 
 
 def _write(call_id: str, content: str) -> dict[str, Any]:
