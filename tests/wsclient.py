@@ -177,13 +177,17 @@ class FrameConn:
             sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, rcvbuf)
         await sock.connect(("127.0.0.1", port))
         conn = cls(trio.SocketStream(sock))
-        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        await conn.stream.send_all(
-            conn.ws.send(Request(host="127.0.0.1", target="/v1", extra_headers=headers))
-        )
-        while not await conn._receive(lambda event: isinstance(event, AcceptConnection)):
-            pass
+        await conn.handshake(token)
         return conn
+
+    async def handshake(self, token: str | None) -> None:
+        """Ask for the WebSocket upgrade (with `token`, when given) and wait until accepted."""
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        await self.stream.send_all(
+            self.ws.send(Request(host="127.0.0.1", target="/v1", extra_headers=headers))
+        )
+        while not await self._receive(lambda event: isinstance(event, AcceptConnection)):
+            pass
 
     def frames(self, *messages: str | bytes | Event) -> bytes:
         """The bytes of these messages (or wsproto events), to send in one write."""
