@@ -25,9 +25,10 @@ PACKAGES = ("actors", "transport", "cli", "simulation", "benchmarks")
 
 # The adapters: the one module per library whose private names toolwire must use.
 PRIVATE_ADAPTERS: dict[str, str] = {
-    # trio-websocket has no public way to send a message's frames without copying it, nor to
-    # see a close's reason before the close completes; the module checks that surface against
-    # the installed version (tests/test_ws_private.py).
+    # The server's two hot-path shortcuts through trio-websocket's internals (a message handed
+    # to the session from the reader task, a batch of replies in one write under the send
+    # lock: issue 6); the module checks that surface against the installed version
+    # (tests/test_ws_private.py).
     "transport/ws_private.py": "trio_websocket.WebSocketConnection's privates",
     # trio offers its deterministic scheduler only through its private hook (its own
     # hypothesis plugin uses the same two names); the simulation's seeds depend on it.
