@@ -1347,7 +1347,10 @@ def _search_block(
     number of the line after the block. Lines are matched without their "\\n" or "\\r\\n",
     and bytes that are not UTF-8 as U+FFFD, as one line decoded alone would be."""
     text = block.replace(b"\r\n", b"\n") if b"\r" in block else block
-    if text.endswith(b"\r"):  # the file's last line, without a "\n"
+    # The file's last line, without a "\n": a line even when empty once its "\r" is dropped
+    # (a file holding just "\r" is one empty line, and `^$` matches it).
+    tail_line = not block.endswith(b"\n")
+    if text.endswith(b"\r"):
         text = text[:-1]
     if not text.isascii():
         try:
@@ -1357,8 +1360,8 @@ def _search_block(
     after = number + block.count(b"\n")
     if pattern.block is None:
         lines = text.split(b"\n")
-        if text.endswith(b"\n"):
-            lines.pop()
+        if not tail_line:
+            lines.pop()  # the empty piece after the block's last "\n"
         for i, raw in enumerate(lines):
             line = raw.decode("utf-8")
             if pattern.line.search(line) is not None and not state.add(
@@ -1371,12 +1374,12 @@ def _search_block(
     search = pattern.block.search
     size = len(text)
     pos = counted = 0  # where to search from; up to where newlines are counted into `number`
-    while pos < size:
+    while pos < size or (pos == size and tail_line):
         found = search(text, pos)
         if found is None:
             break
         start = text.rfind(b"\n", 0, found.start()) + 1
-        if start >= size:  # an empty match after the last "\n": no line is there
+        if start >= size and not tail_line:  # an empty match after the last "\n": no line
             break
         end = text.find(b"\n", found.start())
         end = size if end == -1 else end
