@@ -7,6 +7,8 @@ a follower still needs it (PROTOCOL.md 5.2).
 
 from __future__ import annotations
 
+import functools
+
 from toolwire.actors import processes
 from toolwire.actors.effects import (
     Detach,
@@ -54,7 +56,8 @@ class Followers:
         sub = io.subs.get(outbox)
         if sub is None or not sub.active:
             sub = Subscription(outbox, self.chat_id, call_id)
-            sub.on_caught_up = lambda: self.maybe_close_output(call_id)
+            # A partial, not a lambda: called once per result, it adds no Python frame.
+            sub.on_caught_up = functools.partial(self.maybe_close_output, call_id)
             io.subs[outbox] = sub
             proc = self.processes.get(call_id)
             if proc is not None:
