@@ -1,22 +1,28 @@
 """What one trivial call costs the agent's process, in measures this shared machine's load does
-not move (`python -m toolwire.benchmarks.call_cost [--against REF] [--journal memory|sqlite]
-[--calls LOW,HIGH] [--profile-calls N] [--no-callgrind] [--no-cprofile] [--keep DIR]`).
+not move: `python -m toolwire.benchmarks.call_cost [--against REF]... [--journal
+memory|sqlite|both] [--calls LOW,HIGH] [--count-calls N] [--profile-calls N] [--no-callgrind]
+[--no-cprofile] [--keep DIR] [--json PATH]`. The trivial call is the transport scenario's:
+`read_file` of a 300-byte file, `stream: false`, 64 in flight on one connection.
 
-- Instructions per call (valgrind's callgrind counts every instruction the server's process
-  runs, all threads, whatever else the machine does): the benchmark server runs under
-  `valgrind --tool=callgrind` twice, once answering LOW and once HIGH trivial calls (`read_file`
-  of a 300-byte file, `stream: false`, 64 in flight on one connection, the transport scenario's
-  client); (HIGH's count - LOW's) / (HIGH - LOW) is a call's share alone: start-up, imports and
-  shutdown are in both runs and drop out of the difference.
-- Where the loop's time goes, by component: the server runs under `profile_probe.py`, which
-  switches a cProfile profiler on for a fixed count of calls (after a warm-up) and writes its
-  stats; each function's own time (`tottime`) is put in one component by `COMPONENTS`. cProfile
-  adds a fixed cost to every Python function call, so its shares lean towards code that makes
-  many small calls: they say where the time goes, the instructions say how much there is.
+- Instructions per call: valgrind's callgrind counts every instruction the server's process
+  runs (all its threads), whatever else the machine does. The benchmark server runs under
+  `valgrind --tool=callgrind` twice, once answering LOW and once HIGH calls; (HIGH's count -
+  LOW's) / (HIGH - LOW) is one call's share: start-up, imports and shutdown are in both runs
+  and drop out of the difference.
+- Bytecodes per call, by component: the server runs under `profile_probe.py`, whose tracer
+  counts the bytecodes each function runs over N calls (after a warm-up); each function goes
+  to one component by `COMPONENTS`. Also the same on a busy machine as on a quiet one, and
+  the interpreter's share of the instructions follows them (some 95 instructions a bytecode
+  here, on both builds).
+- cProfile's shares, by the same components: the profiler switched on by the same probe for
+  a fixed count of calls. Times, so they move with the machine's load; and cProfile adds a
+  fixed cost to every Python call, so its shares lean towards code that makes many small
+  calls. They say where the time goes; the counts say how much work there is.
 
-Both run on the working tree's agent and, with `--against REF`, on REF's (built as `toolwire
-bench --against` builds it, `benchmarks/against.py`, sharing its cache). Not a `toolwire bench`
-scenario: under callgrind a run takes minutes, and its numbers need no quiet machine.
+All of it on the working tree's agent and, with `--against REF` (repeatable), on REF's, built
+as `toolwire bench --against` builds it (`benchmarks/against.py`, sharing its cache). Not a
+`toolwire bench` scenario: under callgrind a run takes minutes, and its numbers need no quiet
+machine.
 """
 
 from __future__ import annotations
@@ -313,7 +319,10 @@ def table(costs: Sequence[Cost]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m toolwire.benchmarks.call_cost")
-    parser.add_argument("--against", metavar="REF", help="also measure REF's agent")
+    parser.add_argument(
+        "--against", metavar="REF", action="append", default=[],
+        help="also measure REF's agent (repeatable)",
+    )  # fmt: skip
     parser.add_argument(
         "--journal", choices=["memory", "sqlite", "both"], default="both",
         help="the memory journal, serve's default (sqlite, sync full), or both",
@@ -337,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.against:
         from toolwire.benchmarks.against import build
 
-        builds.append(build(args.against, report=print))
+        builds += [build(ref, report=print) for ref in args.against]
     journals = ["memory", "sqlite"] if args.journal == "both" else [args.journal]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="call-cost-"))
     workdir.mkdir(parents=True, exist_ok=True)
