@@ -139,6 +139,11 @@ async def _calls(port: int, token: str, chat: str, n: int, warmup: int = 0) -> N
         raise RuntimeError(f"{done} of {n} calls answered")
 
 
+def _tag(build: Build) -> str:
+    """A build's name in file names: REF's commit (several REFs may be measured at once)."""
+    return build.commit[:12] if build.commit else build.key
+
+
 class Bench:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -159,7 +164,7 @@ class Bench:
 
     def instructions(self, build: Build, journal: str, n: int) -> int:
         """The server's instruction count over its whole life, having answered `n` calls."""
-        out = self.workdir / f"callgrind-{build.key}-{journal}-{n}.out"
+        out = self.workdir / f"callgrind-{_tag(build)}-{journal}-{n}.out"
         server = ServerProcess(
             build.python,
             build.module("toolwire_server"),
@@ -181,7 +186,7 @@ class Bench:
 
     def opcodes(self, build: Build, journal: str, n: int) -> dict[str, list[int]]:
         """Per function, over `n` calls after a warm-up: [entries, bytecodes run]."""
-        out = self.workdir / f"opcodes-{build.key}-{journal}-{n}.json"
+        out = self.workdir / f"opcodes-{_tag(build)}-{journal}-{n}.json"
         server = ServerProcess(
             build.python,
             build.module("toolwire_server"),
@@ -201,7 +206,7 @@ class Bench:
         return counts
 
     def profile(self, build: Build, journal: str, n: int) -> pstats.Stats:
-        out = self.workdir / f"cprofile-{build.key}-{journal}-{n}.pstats"
+        out = self.workdir / f"cprofile-{_tag(build)}-{journal}-{n}.pstats"
         server = ServerProcess(
             build.python,
             build.module("toolwire_server"),
