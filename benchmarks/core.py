@@ -142,6 +142,10 @@ class Measurement:
         """Pool latency samples of one repeat (see `add` for its value)."""
         self._sink().samples.extend(samples)
 
+    def add_note(self, text: str) -> None:
+        """A note of the current repeat (on the REF twin while a variant runs for REF)."""
+        self._sink().notes.append(text)
+
     def add_extra(self, key: str, number: float) -> None:
         """One more side number of the current repeat, recorded apart from `add`."""
         self._sink().extra.setdefault(key, []).append(number)

@@ -318,7 +318,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     answered=float(came),
                     answers=float(report["answers"]),
                 )
-                answered[attack.key].notes.append(f"repeat {r + 1}: {report['codes']}")
+                answered[attack.key].add_note(f"repeat {r + 1}: {report['codes']}")
         finally:
             shutil.rmtree(own, ignore_errors=True)
 
