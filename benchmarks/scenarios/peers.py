@@ -50,6 +50,8 @@ RSS_COMMANDS = 200
 # (a first config read, lazy allocations) is over by then.
 IDLE_SETTLE_S = 0.5
 MIB = 1024 * 1024
+# `echo x` prints at once; a first byte this late means the peer is broken, not slow.
+FIRST_BYTE_TIMEOUT_S = 30.0
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
@@ -256,7 +258,8 @@ async def _codex_ttfb(
                 streamStdoutStderr=True,
             )  # fmt: skip
             nursery.start_soon(run)
-            await first[process_id].wait()
+            with trio.fail_after(FIRST_BYTE_TIMEOUT_S):  # no output at all: a broken peer
+                await first[process_id].wait()
             samples.append((time.perf_counter() - t0) * 1000)
     return samples
 
