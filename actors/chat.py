@@ -24,7 +24,7 @@ from toolwire.actors import effects as fx
 from toolwire.actors import observe, processes
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
-from toolwire.actors.chat_work import ChatWork
+from toolwire.actors.chat_work import ChatWork, run_on_loop
 from toolwire.actors.context import AgentContext
 from toolwire.actors.followers import Followers
 from toolwire.actors.journal_effects import JournalEffects
@@ -245,6 +245,12 @@ class ChatActor:
                 )
                 self._inbox.append(fx.ToolFailed(call_id))
 
+    def _run_tool(self, effect: fx.RunTool) -> None:
+        if effect.on_loop:  # ends within this call: no ChatWork made for it
+            run_on_loop(effect, self.chat_id, self.ctx, self.processes, self.feed)
+        else:
+            self.work.run_tool(effect)
+
     def _call_ended(self, effect: fx.CallEnded) -> None:
         observe.call_ended(self.ctx, self.chat_id, effect.call_id, effect.result)
         self.followers.call_ended(effect.call_id)
@@ -269,7 +275,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.JournalClose: lambda chat, e: chat.journal_effects.close(e),
     fx.JournalReopen: lambda chat, e: chat.journal_effects.reopen(e),
     fx.ReadBack: lambda chat, e: chat.journal_effects.read_back(e),
-    fx.RunTool: lambda chat, e: chat.work.run_tool(e),
+    fx.RunTool: ChatActor._run_tool,
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),
     fx.StopGroup: lambda chat, e: chat.work.stop_group(e),

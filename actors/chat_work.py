@@ -51,6 +51,27 @@ from toolwire.actors.tools import process_tools
 log = logging.getLogger("toolwire.chat")
 
 
+def run_on_loop(
+    effect: RunTool,
+    chat_id: str,
+    ctx: AgentContext,
+    table: processes.ProcessTable,
+    feed: Callable[[Input], None],
+) -> None:
+    """A short tool run right here: no task, no context switch (the path of the "trivial
+    call" benchmark). Nothing of it outlives the call, so it needs no `ChatWork`: the shell
+    runs it without making one (a chat that only reads would make and drop one per call)."""
+    try:
+        report = runners.run_tool(effect.args, ctx.workspace, table)
+    except Exception:
+        log.exception(
+            "tool %s failed", effect.tool, extra={"chat_id": chat_id, "call_id": effect.call_id}
+        )
+        feed(ToolFailed(effect.call_id))
+        return
+    feed(ToolEnded(effect.call_id, report))
+
+
 class ChatWork:
     """Tools, commands and timers of one chat (see the module docstring)."""
 
@@ -93,19 +114,7 @@ class ChatWork:
 
     def run_tool(self, effect: RunTool) -> None:
         if effect.on_loop:
-            # Short operations run right here: no task, no context switch (the path of the
-            # "trivial call" benchmark).
-            try:
-                report = runners.run_tool(effect.args, self.ctx.workspace, self.processes)
-            except Exception:
-                log.exception(
-                    "tool %s failed",
-                    effect.tool,
-                    extra={"chat_id": self.chat_id, "call_id": effect.call_id},
-                )
-                self._feed(ToolFailed(effect.call_id))
-                return
-            self._feed(ToolEnded(effect.call_id, report))
+            run_on_loop(effect, self.chat_id, self.ctx, self.processes, self._feed)
             return
         scope = trio.CancelScope()
         args = effect.args

@@ -7,6 +7,8 @@ a follower still needs it (PROTOCOL.md 5.2).
 
 from __future__ import annotations
 
+import functools
+
 from toolwire.actors import processes
 from toolwire.actors.effects import (
     Detach,
@@ -54,7 +56,8 @@ class Followers:
         sub = io.subs.get(outbox)
         if sub is None or not sub.active:
             sub = Subscription(outbox, self.chat_id, call_id)
-            sub.on_caught_up = lambda: self.maybe_close_output(call_id)
+            # A partial, not a lambda: called once per result, it adds no Python frame.
+            sub.on_caught_up = functools.partial(self.maybe_close_output, call_id)
             io.subs[outbox] = sub
             proc = self.processes.get(call_id)
             if proc is not None:
@@ -157,8 +160,7 @@ class Followers:
         io = self._io.get(call_id)
         if io is not None:
             io.published = True
-            self.maybe_close_output(call_id)
-            self._maybe_release(call_id)
+            self.maybe_close_output(call_id)  # and releases the follows if nothing needs them
 
     def output_arrived(self, call_id: str) -> None:
         io = self._io.get(call_id)
@@ -168,7 +170,8 @@ class Followers:
 
     def maybe_close_output(self, call_id: str) -> None:
         """Shrink a finished process's output to the result's size once no follower lags:
-        while its call is followed the full retention stays (PROTOCOL.md 5.2)."""
+        while its call is followed the full retention stays (PROTOCOL.md 5.2). Then, once
+        the call is published and no follower needs its output, drop its follows."""
         io = self._io.get(call_id)
         if io is None:
             return
@@ -183,19 +186,14 @@ class Followers:
             if any(sub.lagging for sub in subs.values()):
                 return
             proc.output.close()
-        self._maybe_release(call_id)
-
-    def _maybe_release(self, call_id: str) -> None:
-        """A published call keeps nothing here once no follower needs its output any more:
-        idle records stay small (10,000 chats of records)."""
-        io = self._io.get(call_id)
-        if io is None or not io.published:
+        # Here no process of the call prints any more (none, or its output closed): a
+        # published call keeps nothing here once no follower needs its output: idle records
+        # stay small (10,000 chats of records).
+        if not io.published:
             return
-        proc = self.processes.get(call_id)
-        if proc is not None and not proc.output.closed:
-            return
-        if any(sub.results_queued or sub.replays_pending for sub in io.subs.values()):
-            return  # a replay still to be sent reads the retained output through its follow
+        for sub in io.subs.values():
+            if sub.results_queued or sub.replays_pending:
+                return  # a replay still to be sent reads the retained output through its follow
         del self._io[call_id]
         if not self._io:
             self._io = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat

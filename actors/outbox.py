@@ -227,7 +227,10 @@ class Outbox:
                     sub.on_caught_up()
             else:
                 assert event is not None
-                if sub.detached and not isinstance(event, AcceptedEvent):
+                if type(event) is AcceptedEvent:  # a reply (the common case): always sent
+                    out.append(event)
+                    continue
+                if sub.detached:
                     continue  # detach stops the call's events, never a reply
                 if isinstance(event, StartedEvent):
                     if not sub.stream or sub.started_sent:

@@ -142,6 +142,10 @@ class Measurement:
         """Pool latency samples of one repeat (see `add` for its value)."""
         self._sink().samples.extend(samples)
 
+    def add_note(self, text: str) -> None:
+        """A note of the current repeat (on the REF twin while a variant runs for REF)."""
+        self._sink().notes.append(text)
+
     def add_extra(self, key: str, number: float) -> None:
         """One more side number of the current repeat, recorded apart from `add`."""
         self._sink().extra.setdefault(key, []).append(number)
@@ -257,6 +261,8 @@ class ScenarioResult:
     comparisons: list[Comparison] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Why the scenario measured nothing (a baseline it needs is not installed): its one line.
+    skipped: str | None = None
 
     def measurement(
         self, name: str, label: str, unit: str, *, higher_is_better: bool = True
@@ -274,7 +280,9 @@ class ScenarioResult:
                 continue
             measurements[twin.name] = twin
             against += against_rows(m, twin)
+        skipped = {"skipped": self.skipped} if self.skipped is not None else {}
         return {
+            **skipped,
             "params": self.params,
             "measurements": {name: m.summary() for name, m in measurements.items()},
             "comparisons": [c.evaluate(measurements) for c in self.comparisons],
@@ -304,6 +312,7 @@ class BenchContext:
     report: Callable[[str], None] = lambda _text: None
     python: str = sys.executable
     against: Build | None = None  # REF's agent, run beside the working tree's (`--against`)
+    codex: str | None = None  # the Codex binary of the `peers` scenario (`--codex`)
     notes: list[str] = field(default_factory=list)  # why REF's side of a variant was skipped
 
     @property

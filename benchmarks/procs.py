@@ -14,6 +14,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,13 +57,19 @@ def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
 
 # The loop-lag probe (`benchmarks/loop_lag.py`), run by path so any build's interpreter runs it.
 LOOP_LAG_SCRIPT = Path(__file__).resolve().parent / "loop_lag.py"
+# The cProfile switch (`benchmarks/profile_probe.py`), run by path for the same reason.
+PROFILE_PROBE_SCRIPT = Path(__file__).resolve().parent / "profile_probe.py"
 # How long the probe may take to answer `lag`: one loop turn, unless the loop is stalled.
 LOOP_LAG_ANSWER_S = 30.0
 
 
 class ServerProcess:
     """`python -m <module> <args>` serving on 127.0.0.1; `.port` once it is ready. With
-    `loop_lag`, the server runs under the loop-lag probe and `.loop_lag()` reads it."""
+    `loop_lag`, the server runs under the loop-lag probe and `.loop_lag()` reads it. With
+    `probe`, under that probe script instead (a wrapper run by path that takes the module's
+    command line and answers `.control(line)` on its stdin). `launcher` goes before the
+    interpreter (e.g. `valgrind --tool=callgrind`), and the timeouts are for a server that runs
+    slower under it."""
 
     def __init__(
         self,
@@ -73,48 +80,59 @@ class ServerProcess:
         *,
         env: dict[str, str] | None = None,
         loop_lag: bool = False,
+        probe: Path | None = None,
+        launcher: Sequence[str] = (),
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
     ) -> None:
         self.module = module
+        self._stop_timeout_s = stop_timeout_s
         fd, log_name = tempfile.mkstemp(
             prefix=module.rsplit(".", 1)[-1] + "-", suffix=".log", dir=workdir
         )
         self._log_path = Path(log_name)
         self._log = os.fdopen(fd, "wb")  # closed in stop()
         # -P: the probe's own directory (this checkout's benchmarks/) stays off the path.
-        command = [python, "-m", module]
         if loop_lag:
-            command = [python, "-P", str(LOOP_LAG_SCRIPT), module]
+            probe = LOOP_LAG_SCRIPT
+        command = [*launcher, python, "-m", module]
+        if probe is not None:
+            command = [*launcher, python, "-P", str(probe), module]
         self.proc = subprocess.Popen(
             [*command, *args],
             stdout=subprocess.PIPE,
             stderr=self._log,
-            stdin=subprocess.PIPE if loop_lag else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if probe is not None else subprocess.DEVNULL,
             cwd=str(workdir),
             env=env if env is not None else child_env(),
         )
-        self.port = self._read_port()
+        self.port = self._read_port(ready_timeout_s)
 
     def loop_lag(self) -> dict[str, Any]:
         """The probe's figures since the previous call (the first call starts the window):
         `ticks`, `worst_ms`, `p99_ms`, `p50_ms` of a 1 ms ticker on the server's loop."""
-        if self.proc.stdin is None or self.proc.stdout is None:
-            raise RuntimeError(f"{self.module} runs without the loop-lag probe")
-        self.proc.stdin.write(b"lag\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], LOOP_LAG_ANSWER_S)
-        line = self.proc.stdout.readline() if ready else b""
-        if not line:
-            raise RuntimeError(f"{self.module}: no loop-lag answer; see {self._log_path}")
-        answer: dict[str, Any] = json.loads(line)
+        answer: dict[str, Any] = json.loads(self.control("lag"))
         return answer
+
+    def control(self, line: str, timeout_s: float = LOOP_LAG_ANSWER_S) -> str:
+        """Send one line to the server's probe and return its one-line answer."""
+        if self.proc.stdin is None or self.proc.stdout is None:
+            raise RuntimeError(f"{self.module} runs without a probe")
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        answer = self.proc.stdout.readline() if ready else b""
+        if not answer:
+            raise RuntimeError(f"{self.module}: no answer to {line!r}; see {self._log_path}")
+        return answer.decode()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _read_port(self) -> int:
+    def _read_port(self, timeout_s: float) -> int:
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         line = b""
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
@@ -142,7 +160,7 @@ class ServerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(STOP_TIMEOUT_S)
+                self.proc.wait(self._stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -95,6 +95,19 @@ def summary_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
             continue
+        if scenario.get("skipped"):
+            rows.append(
+                {
+                    "scenario": name,
+                    "label": "skipped: " + scenario["skipped"],
+                    "toolwire": "-",
+                    "baseline": "-",
+                    "ratio": "-",
+                    "goal": "-",
+                    "met": "-",
+                }
+            )
+            continue
         measurements = scenario["measurements"]
         for row in [*scenario["comparisons"], *scenario.get("against", [])]:
             base = row.get("baseline")
@@ -154,6 +167,8 @@ def _details(name: str, scenario: dict[str, Any]) -> list[str]:
     lines = [f"### {name}", ""]
     if "error" in scenario:
         return [*lines, "```", scenario["error"].rstrip(), "```", ""]
+    if scenario.get("skipped"):
+        return [*lines, f"skipped: {scenario['skipped']}", ""]
     params = ", ".join(f"{k}={v}" for k, v in scenario["params"].items())
     lines += [f"Parameters: {params}", ""]
     lines += [

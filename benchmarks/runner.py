@@ -29,6 +29,7 @@ from toolwire.benchmarks.scenarios import (
     bigwrite,
     interactive,
     journal,
+    peers,
     process,
     reqresp,
     request_cost,
@@ -62,6 +63,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "request_cost", "time per id of cancel, interrupt, turn, close_chat", request_cost.run
         ),
+        Scenario("peers", "execute true vs OpenAI's Codex app-server (--codex)", peers.run),
     )
 }
 
@@ -89,6 +91,7 @@ def run_bench(
     console: Console | None = None,
     against: str | None = None,
     cache_dir: Path | None = None,
+    codex: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Run the selected scenarios; write `bench-<stamp>.json`, `.md` and PNGs into `out_dir`.
     With `against`, REF's agent (built or taken from `cache_dir`) runs beside the working
@@ -145,7 +148,9 @@ def run_bench(
                     progress.refresh()
 
                 show(scenario.title)
-                ctx = BenchContext(quick=quick, workdir=workdir, report=show, against=ref)
+                ctx = BenchContext(
+                    quick=quick, workdir=workdir, report=show, against=ref, codex=codex
+                )
                 try:
                     result = scenario.run(ctx)
                     result.notes += ctx.notes
@@ -153,7 +158,7 @@ def run_bench(
                         "title": scenario.title,
                         **result.as_dict(),
                     }
-                    show("done")
+                    show(f"skipped: {result.skipped}" if result.skipped else "done")
                 except Exception:
                     doc["scenarios"][scenario.name] = {
                         "title": scenario.title,
@@ -169,6 +174,9 @@ def run_bench(
     doc["load_average_at_end"] = load_average()
     files = write_outputs(doc, out_dir, stem)
     console.print(summary_table(doc))
+    for name, scenario in doc["scenarios"].items():
+        if scenario.get("skipped"):
+            console.print(f"{name}: skipped: {scenario['skipped']}", markup=False)
     for kind, path in files.items():
         console.print(f"{kind}: {path}")
     if doc.get("plots_skipped"):
@@ -228,6 +236,7 @@ def main(
     only: list[str],
     against: str | None = None,
     cache_dir: Path | None = None,
+    codex: str | None = None,
 ) -> int:
     """The `toolwire bench` command: 0 when every scenario ran (goals may be missed), 1 when
     one failed, 2 for an unknown scenario or a REF that cannot be built."""
@@ -244,6 +253,7 @@ def main(
             console=console,
             against=against,
             cache_dir=cache_dir,
+            codex=codex,
         )
     except (UnknownScenario, BuildError) as exc:
         console.print(f"toolwire bench: {exc}", markup=False)

@@ -141,7 +141,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME,...",
         help=(
             "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
-            " bigwrite, interactive, abuse, request_cost)"
+            " bigwrite, interactive, abuse, request_cost, peers)"
         ),
     )
     bench.add_argument(
@@ -150,6 +150,13 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="REF",
         help="also run the agent of REF (a commit, tag or branch), built into a virtualenv of "
         "its own, beside the working tree's; rows give new / REF",
+    )
+    bench.add_argument(
+        "--codex",
+        default=None,
+        metavar="PATH",
+        help="the Codex binary (`codex`, which runs `codex app-server`) the peers scenario "
+        "compares with (default $TOOLWIRE_BENCH_CODEX; without either it is skipped)",
     )
     bench.add_argument(
         "--against-cache",
@@ -302,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             only=only,
             against=args.against,
             cache_dir=args.against_cache,
+            codex=args.codex,
         )
     if args.command == "sim":
         from toolwire.simulation.cli import run_from_args

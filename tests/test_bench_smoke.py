@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from toolwire.benchmarks import against, plots
+from toolwire.benchmarks import against, codex_peer, plots
 from toolwire.benchmarks.core import (
     TREE,
     Build,
@@ -39,8 +39,15 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
     assert set(machine["packages"]) >= {"trio", "trio-websocket", "msgspec"}
 
     assert set(doc["scenarios"]) == set(SCENARIOS)
+    skipped = set()
     for name, scenario in doc["scenarios"].items():
         assert "error" not in scenario, (name, scenario.get("error"))
+        if scenario.get("skipped"):
+            # Only the peer baseline may be missing (CI does not install Codex), and the line
+            # says how to give it.
+            assert name == "peers" and "--codex PATH" in scenario["skipped"], (name, scenario)
+            skipped.add(name)
+            continue
         assert scenario["measurements"], name
         for key, m in scenario["measurements"].items():
             assert m["repeats"] and all(_number(v) for v in m["repeats"]), (name, key)
@@ -71,6 +78,12 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
         assert all(v <= abuse["params"]["bound_s"] * 1000 for v in answered["repeats"])
         assert abuse["measurements"][f"toolwire_rss_{attack}_mb"]["median"] > 0
 
+    # The outside client's row: serve's defaults driven by a client that parses JSON with the
+    # standard library, against the same echo.
+    transport = doc["scenarios"]["transport"]
+    rows = {row["toolwire"]: row for row in transport["comparisons"]}
+    assert rows["toolwire_pipelined_stdlib_json"]["baseline"] == "echo_pipelined"
+
     [md_file] = tmp_path.glob("bench-*.md")
     text = md_file.read_text()
     assert "| scenario | comparison | toolwire | baseline | ratio | goal | met? |" in text
@@ -79,7 +92,7 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
     if plots.matplotlib_missing() is None:
         # With the `bench` extra (CI installs it) every scenario's plot must be made.
         assert doc.get("plots_skipped") is None, doc.get("plots_skipped")
-        assert len(list(tmp_path.glob("bench-*.png"))) == len(SCENARIOS)
+        assert len(list(tmp_path.glob("bench-*.png"))) == len(SCENARIOS) - len(skipped)
 
 
 def test_bench_rejects_an_unknown_scenario(tmp_path: Path) -> None:
@@ -175,3 +188,27 @@ def test_bench_help_names_every_scenario(capsys: pytest.CaptureFixture[str]) -> 
     help_text = " ".join(capsys.readouterr().out.split())
     for name in SCENARIOS:
         assert name in help_text, name
+
+
+def test_the_peers_scenario_without_codex_says_skipped_and_how(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(codex_peer.CODEX_ENV, raising=False)
+    assert main(["bench", "--quick", "--only", "peers", "--out", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "peers: skipped: no Codex app-server: pass --codex PATH or set TOOLWIRE_BENCH_CODEX" in out
+    )
+    [md_file] = tmp_path.glob("bench-*.md")
+    assert "skipped: no Codex app-server" in md_file.read_text()
+
+
+def test_a_codex_path_that_is_no_executable_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "codex"
+    assert codex_peer.find_codex(str(missing)) == (
+        None, f"no Codex app-server: {str(missing)!r} is not an executable file"
+    )  # fmt: skip
+    missing.write_text("#!/bin/sh\n")
+    assert codex_peer.find_codex(str(missing))[0] is None  # not executable
+    missing.chmod(0o755)
+    assert codex_peer.find_codex(str(missing)) == (str(missing), "")

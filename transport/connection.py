@@ -148,6 +148,8 @@ class DirectConnection(ws_private.MessageHookConnection):
             if self.refusing:
                 self.drop_partial()  # the session ended while it waited
                 return
+        else:
+            gate = None  # a message whole in one piece charged nothing: nothing to release
         if not event.message_finished:
             self._parts.append(data)
             self._parts_bytes = size

@@ -463,9 +463,6 @@ class Session:
         except MessageError as exc:
             self._send_error(events.ErrorEvent("bad_message", exc.message, **exc.envelope))
             return
-        rid = message.rid
-        chat_id = getattr(message, "chat_id", None)
-        call_id = getattr(message, "call_id", None)
         try:
             if fingerprints is None:
                 self._handlers[type(message)](message)
@@ -474,8 +471,11 @@ class Session:
             else:
                 self._on_turn(message, fingerprints)
         except ToolwireError as exc:
+            # The envelope is read only for a refusal: a request taken needs none of it.
+            rid, chat_id, call_id = _envelope(message)
             self._send_error(events.ErrorEvent(exc.code, exc.message, rid, chat_id, call_id))
         except Exception:
+            rid, chat_id, call_id = _envelope(message)
             log.exception("request failed inside the agent", extra={"chat_id": chat_id})
             self._send_error(
                 events.ErrorEvent(
@@ -560,6 +560,11 @@ class Session:
                 log.info("connection %s missed two pongs; closing it", self.id)
                 await self.close(CLOSE_KEEPALIVE, "keepalive timeout")
                 return
+
+
+def _envelope(message: Any) -> tuple[Any, str | None, str | None]:
+    """A request's `rid`, `chat_id` and `call_id` (None where it has none), for its error."""
+    return message.rid, getattr(message, "chat_id", None), getattr(message, "call_id", None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ another chat's trivial call by more than 100 ms. Four attacks, each from a proce
 - **big**: 20 connections sending a 16 MiB `write_file` message each, at once.
 
 Per repeat, in a rotated order, each attack and a run with no attack ("alone") get a fresh
-agent on `toolwire serve`'s defaults (SQLite journal, sync full), so no attack pays for another's
-leftovers and the agent's peak RSS is the attack's own. The measured chat sends a trivial call
+agent on `toolwire serve`'s defaults (SQLite journal, sync full; with `--against REF`, then
+once more on a fresh agent of REF's), so no attack pays for another's leftovers and the
+agent's peak RSS is the attack's own. The measured chat sends a trivial call
 (`read_file` of a 300-byte file, `stream: false`) every PROBE_INTERVAL_S over one connection,
 each timed from when it was due to its result (`bigwrite.trivial_latencies` says why a fixed
 rate), from the attack's start until the attack is answered, for at least `Window.least_s`
@@ -35,7 +36,6 @@ import json
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from toolwire.benchmarks.core import (
     Goal,
     Measurement,
     ScenarioResult,
+    agent,
     run_side_by_side,
 )
 from toolwire.benchmarks.procs import READY_TIMEOUT_S, ServerProcess, child_env, rss_bytes
@@ -297,7 +298,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
         own = ctx.scratch(f"abuse-{attack.key if attack else 'alone'}-{r}")
         run_ctx = dataclasses.replace(ctx, workdir=own)
         try:
-            with servers(run_ctx, AGENT) as srv:
+            with servers(run_ctx, AGENT, current_only=True) as srv:
                 server = srv[AGENT]
                 if attack is None:
                     record(alone, probe(server, srv.token, window, None), alone_rss)
@@ -317,12 +318,13 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     answered=float(came),
                     answers=float(report["answers"]),
                 )
-                answered[attack.key].notes.append(f"repeat {r + 1}: {report['codes']}")
+                answered[attack.key].add_note(f"repeat {r + 1}: {report['codes']}")
         finally:
             shutil.rmtree(own, ignore_errors=True)
 
-    variants: list[Callable[[int], None]] = [lambda r: measure(None, r)]
-    variants += [lambda r, a=a: measure(a, r) for a in ATTACKS]
+    # `agent`: with `--against REF` each also runs on a fresh agent of REF's.
+    variants = [agent(lambda r: measure(None, r))]
+    variants += [agent(lambda r, a=a: measure(a, r)) for a in ATTACKS]
     run_side_by_side(ctx, "abuse", variants, repeats)
 
     goal = Goal("value<", GOAL_MS, f"< {GOAL_MS:g} ms")

@@ -98,7 +98,9 @@ AGENT_SERVERS = frozenset(
 
 
 @contextmanager
-def servers(ctx: BenchContext, *names: str, loop_lag: bool = False) -> Iterator[Servers]:
+def servers(
+    ctx: BenchContext, *names: str, loop_lag: bool = False, current_only: bool = False
+) -> Iterator[Servers]:
     """Start the named servers as subprocesses (sharing one workspace and token); stop them
     after. `echo`: stock trio-websocket echo; `echo-wsproto`: the fastest echo this machine
     does in Python (wsproto on a raw trio stream, toolwire's write coalescing); `toolwire`: the
@@ -111,8 +113,9 @@ def servers(ctx: BenchContext, *names: str, loop_lag: bool = False) -> Iterator[
     with state of their own; `http`: the request/response baseline on the same actors.
 
     With `--against`, every agent server also gets a twin on REF's agent (state of its own,
-    the same workspace and token). With `loop_lag`, the agent servers run under the loop-lag
-    probe (`ServerProcess.loop_lag`)."""
+    the same workspace and token); with `current_only` (a scenario that starts fresh agents
+    inside each variant) only the agent of the build the variant runs for is started. With
+    `loop_lag`, the agent servers run under the loop-lag probe (`ServerProcess.loop_lag`)."""
     token = secrets.token_urlsafe(24)
     workspace = make_workspace(ctx)
     agent = "toolwire.benchmarks.toolwire_server"
@@ -171,11 +174,14 @@ def servers(ctx: BenchContext, *names: str, loop_lag: bool = False) -> Iterator[
             if not name.startswith("echo"):
                 args = [*args, f"--token={token}"]  # `=`: a token may start with "-"
             probe = loop_lag and name in AGENT_SERVERS
-            ctx.report(f"starting {module}")
-            started.procs[name] = ServerProcess(
-                ctx.python, module, args, ctx.workdir, loop_lag=probe
-            )
-            if ctx.against is not None and name in AGENT_SERVERS:
+            for_ref = current_build().is_ref
+            if not (current_only and for_ref and name in AGENT_SERVERS):
+                ctx.report(f"starting {module}")
+                started.procs[name] = ServerProcess(
+                    ctx.python, module, args, ctx.workdir, loop_lag=probe
+                )
+            wants_twin = not current_only or for_ref
+            if ctx.against is not None and name in AGENT_SERVERS and wants_twin:
                 _start_ref_twin(ctx, ctx.against, started, name, args, probe)
         yield started
     finally:

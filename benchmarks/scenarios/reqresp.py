@@ -149,7 +149,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
         def toolwire_ttfb(r: int) -> None:
             tw = srv["toolwire"]
-            trio.run(_toolwire_ttfb, tw, token, f"ttfb-{r}", command, ttfb_trials, t_tw, rng)
+            trio.run(toolwire_first_byte, tw, token, f"ttfb-{r}", command, ttfb_trials, t_tw, rng)
 
         def http_poll_ttfb(r: int) -> None:
             trio.run(
@@ -165,7 +165,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
             tw = srv["toolwire"]
             with pinned(tw.pid):
                 trio.run(
-                    _toolwire_ttfb, tw, token, f"ttfb-pin-{r}", command, ttfb_trials, t_tw_pin, rng
+                    toolwire_first_byte,
+                    tw,
+                    token,
+                    f"ttfb-pin-{r}",
+                    command,
+                    ttfb_trials,
+                    t_tw_pin,
+                    rng,
                 )
 
         def http_longpoll_ttfb_pinned(r: int) -> None:
@@ -393,7 +400,7 @@ async def _http_cancel(
 # toolwire clients
 
 
-async def _toolwire_ttfb(
+async def toolwire_first_byte(
     server: ServerProcess,
     token: str,
     chat: str,

@@ -172,6 +172,13 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
         return measure
 
+    if ctx.against is not None:
+        # Nothing here is an agent server REF's interpreter could run: these rows are the
+        # working tree's alone (REF's own `request_cost` is its own run of this scenario).
+        res.notes.append(
+            f"--against {ctx.against.label}: not run on REF (this scenario drives the working"
+            " tree's ChatState inside the benchmark's own process, no agent server)"
+        )
     variants = [variant(kind, n) for kind in REQUESTS for n in sizes]
     run_side_by_side(ctx, "request_cost", variants, repeats)
     largest = sizes[-1]

@@ -9,7 +9,9 @@ pipelined with the same window of 64 and one at a time, on `toolwire serve`'s de
 journal, sync full); the memory journal is measured beside it. A toolwire call is at least
 three messages (`call`, `accepted`, `result`), an echo is two. The pipelined JSON calls also run
 against a second agent on the same defaults with its operator's counters off (`--no-metrics`):
-what counting for `/metrics` costs the hot path.
+what counting for `/metrics` costs the hot path. And once more with a client that encodes and
+decodes JSON with the standard library's `json` module instead of msgspec, as a chat server
+without msgspec would (the client shares the 2 cores with the agent, so its cost shows).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from toolwire.benchmarks.core import (
     run_side_by_side,
 )
 from toolwire.benchmarks.scenarios.common import TRIVIAL_ARGS, servers, timed_ws
-from toolwire.benchmarks.wire import Codec, WsConn, await_result, pipelined_calls, pipelined_echo
+from toolwire.benchmarks.wire import (
+    STDLIB_JSON,
+    Codec,
+    WsConn,
+    await_result,
+    pipelined_calls,
+    pipelined_echo,
+)
 
 MESSAGE_BYTES = 200
 WINDOW = 64
@@ -54,6 +63,11 @@ def run(ctx: BenchContext) -> ScenarioResult:
     m_tw = res.measurement("toolwire_pipelined", "toolwire calls, pipelined (window 64)", "calls/s")
     m_twmem = res.measurement(
         "toolwire_memory_pipelined", "toolwire calls, pipelined, memory journal", "calls/s"
+    )
+    m_twstd = res.measurement(
+        "toolwire_pipelined_stdlib_json",
+        "toolwire calls, pipelined, standard-library JSON client",
+        "calls/s",
     )
     m_twmp = res.measurement(
         "toolwire_pipelined_msgpack", "toolwire calls, pipelined, msgpack", "calls/s"
@@ -101,7 +115,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 codec.call(chat, f"w{i}", "read_file", TRIVIAL_ARGS, stream=False)
                 for i in range(min(n_calls, 500))
             ]
-            m = recorded_as[server] if encoding == "json" else m_twmp
+            m = {"json": recorded_as[server], STDLIB_JSON: m_twstd}.get(encoding, m_twmp)
             timed_ws(
                 srv[server],
                 lambda c: pipelined_calls(c, codec, frames, WINDOW),
@@ -137,6 +151,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
             agent(lambda r: toolwire_pipelined(r, server="toolwire-nometrics")),
             agent(lambda r: toolwire_pipelined(r, server="toolwire-memory")),
             agent(lambda r: toolwire_pipelined(r, "msgpack")),
+            agent(lambda r: toolwire_pipelined(r, STDLIB_JSON)),
             agent(toolwire_single),
         ]
         run_side_by_side(ctx, "transport", variants, repeats)
@@ -145,6 +160,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
         Comparison(
             "trivial calls over one connection (pipelined, JSON) vs raw echo messages",
             "toolwire_pipelined",
+            "echo_pipelined",
+            goal=Goal("ratio>=", 0.6, ">= 0.6x echo msgs/s"),
+        ),
+        Comparison(
+            "trivial calls (pipelined), standard-library JSON client, vs raw echo messages",
+            "toolwire_pipelined_stdlib_json",
             "echo_pipelined",
             goal=Goal("ratio>=", 0.5, ">= 0.5x echo msgs/s"),
         ),
