@@ -35,8 +35,10 @@ from typing import Final, Protocol
 import trio
 
 from toolwire.actors import terminal as terminals
+from toolwire.actors.confined import ConfinedThreads
 from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.output import OutputBuffer
+from toolwire.actors.sandbox import Confinement
 from toolwire.actors.spawn import PosixSpawner
 from toolwire.actors.terminal import TerminalSize
 
@@ -146,11 +148,13 @@ class ProcessBackend(Protocol):
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
     ) -> SpawnedProcess:
         """Start argv in a new process group (a new session). Its stdin is closed, or a pipe
         with `stdin`; with `terminal` it runs on a new pseudo-terminal of that size as its
-        controlling terminal (stdin, stdout and stderr), which implies `stdin`. Raises OSError
-        if it cannot start."""
+        controlling terminal (stdin, stdout and stderr), which implies `stdin`. With
+        `confinement` the command and every process it starts are sandboxed by the kernel
+        (a backend that cannot do that raises OSError). Raises OSError if it cannot start."""
 
 
 class _PipePort:
@@ -412,10 +416,13 @@ def _through_exec_helper(argv: list[str], env: Mapping[str, str], *, terminal: b
 
 
 class RealProcessBackend:
-    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both)."""
+    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both). A command
+    with a `confinement` is spawned (either way) by the confined thread of its policy
+    (actors/confined.py), so it and all it starts inherit that sandbox."""
 
     def __init__(self, *, posix_spawn: bool = True) -> None:
         self._spawner = PosixSpawner.load() if posix_spawn else None
+        self._confined = ConfinedThreads()
 
     def spawn(
         self,
@@ -425,6 +432,22 @@ class RealProcessBackend:
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
+    ) -> SpawnedProcess:
+        if confinement is None:
+            return self._spawn_here(argv, cwd, env, stdin, terminal)
+        thread = self._confined.thread_for(
+            confinement.ruleset, refuse_tcp=confinement.refuse_tcp
+        )
+        return thread.call(lambda: self._spawn_here(argv, cwd, env, stdin, terminal))
+
+    def _spawn_here(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool,
+        terminal: TerminalSize | None,
     ) -> SpawnedProcess:
         if terminal is not None:
             return self._spawn_on_terminal(argv, cwd, env, terminal)
@@ -593,13 +616,18 @@ class ProcessTable:
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
     ) -> ProcessRecord:
         """Start a process (OSError if it cannot start). The caller runs `pump` and `reap`.
         `stdin`: its stdin is a pipe `process_input` writes to; `terminal`: it runs on a new
         pseudo-terminal of that size (PROTOCOL.md 9.1)."""
         # Only a command with an input asks the backend for one: a backend of scripted
         # processes that offers none (a test's) is still a backend for everything else.
-        if terminal is not None or stdin:
+        if confinement is not None:
+            handle = self._backend.spawn(
+                argv, cwd, env, stdin=stdin, terminal=terminal, confinement=confinement
+            )
+        elif terminal is not None or stdin:
             handle = self._backend.spawn(argv, cwd, env, stdin=stdin, terminal=terminal)
         else:
             handle = self._backend.spawn(argv, cwd, env)
