@@ -27,6 +27,7 @@ import msgspec
 from toolwire.actors import call_results, planner
 from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
+from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.effects import (
     AlreadyExited,
     ApprovalRestored,
@@ -1160,11 +1161,12 @@ class ChatState:
             if why is not None:
                 self._finish(record, self._plain_result(record, Outcome.FAILED, why))
                 return
-            self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
+            started_at_ms = record.started_at_ms or self._wall_ms
+            self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
         call.stoppable = _stoppable(tool)
         on_loop = _runs_on_loop(tool)
-        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop))
+        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop, call.spec.sandbox))
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
         if spec.background and spec.timeout_ms:
@@ -1914,6 +1916,7 @@ class ChatState:
             tool=record.tool,
             fingerprint=record.fingerprint,
             args=spec.args if parked else None,
+            sandbox=None if spec.sandbox is None else spec.sandbox.to_wire(),
             timeout_ms=spec.timeout_ms,
             background=spec.background,
             approval=spec.approval,
@@ -1937,7 +1940,13 @@ class ChatState:
         and never runs again; a parked gate is parked again."""
         row = event.row
         spec = CallSpec(
-            row.call_id, row.tool or "", row.args, row.timeout_ms, row.background, row.approval
+            row.call_id,
+            row.tool or "",
+            row.args,
+            row.timeout_ms,
+            row.background,
+            row.approval,
+            sandbox=policy_from_row(row.sandbox),
         )
         record = ToolCallRecord(
             call_id=row.call_id,

@@ -44,6 +44,7 @@ from toolwire.actors.effects import (
     WatchGroup,
 )
 from toolwire.actors.followers import Followers
+from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute as execute_tool
 from toolwire.actors.tools import files as file_tools
 from toolwire.actors.tools import process_tools
@@ -92,6 +93,12 @@ class ChatWork:
         return not self._timers and not self._stoppable and not self._searches
 
     def run_tool(self, effect: RunTool) -> None:
+        policy = self.ctx.effective_sandbox(effect.sandbox)
+        if policy.filesystem != "full":
+            refused = self.ctx.sandbox.refused_write(policy, self.ctx.workspace, effect.args)
+            if refused is not None:
+                self._feed(ToolEnded(effect.call_id, refused))
+                return
         if effect.on_loop:
             # Short operations run right here: no task, no context switch (the path of the
             # "trivial call" benchmark).
@@ -211,6 +218,15 @@ class ChatWork:
         assert isinstance(args, execute_tool.ExecuteArgs)
         call_id = effect.call_id
         try:
+            # Refused again here, never run unconfined: a gate parked before a restart onto a
+            # kernel that enforces less ends `failed` with nothing run.
+            confinement = self.ctx.sandbox.confinement(
+                self.ctx.effective_sandbox(effect.sandbox), self.ctx.workspace
+            )
+        except ToolwireError as exc:
+            self._feed(SpawnFailed(call_id, exc.message))
+            return
+        try:
             proc = self.processes.spawn(
                 call_id,
                 args.command,
@@ -220,6 +236,7 @@ class ChatWork:
                 effect.started_at_ms,
                 stdin=execute_tool.stdin_for(args),
                 terminal=execute_tool.terminal_for(args),
+                confinement=confinement,
             )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))

@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from toolwire.actors import landlock, seccomp
-from toolwire.actors.results import ToolwireError
+from toolwire.actors.results import Outcome, ToolReport, ToolwireError
+from toolwire.actors.tools import files as file_tools
 from toolwire.actors.sandbox_policy import TEXT_OUTSIDE, SandboxPolicy
 
 
@@ -118,8 +119,23 @@ class Enforcement:
         return None
 
 
-def outside_text(path: str) -> str:
-    return TEXT_OUTSIDE.format(path=path)
+    def refused_write(
+        self, policy: SandboxPolicy, workspace: str, args: object
+    ) -> ToolReport | None:
+        """The `failed` report of a `write_file` or `edit_files` that would write outside
+        `policy`, naming the first such path as given; None for any other call."""
+        if isinstance(args, file_tools.WriteFileArgs):
+            paths = [args.path]
+        elif isinstance(args, file_tools.EditFilesArgs):
+            paths = [entry.path for entry in args.files]
+        else:
+            return None
+        path = self.outside(policy, workspace, paths)
+        if path is None:
+            return None
+        return ToolReport(
+            outcome=Outcome.FAILED, text=TEXT_OUTSIDE.format(path=path), data={"path": path}
+        )
 
 
 def _resolved_unique(paths: Iterable[str]) -> tuple[str, ...]:

@@ -88,6 +88,13 @@ def normalized(filesystem: Filesystem, writable: list[str], network: bool, works
     return SandboxPolicy(filesystem, tuple(roots), network)
 
 
+def policy_from_row(row: Any) -> SandboxPolicy | None:
+    """A journal row's `sandbox` (`SandboxPolicy.to_wire`) back as a policy."""
+    if row is None:
+        return None
+    return SandboxPolicy(row["filesystem"], tuple(row["writable"]), bool(row["network"]))
+
+
 def combined_fingerprint(args_fingerprint: bytes, sandbox: SandboxPolicy | None) -> bytes:
     """The record's fingerprint: the args' own, extended by the sandbox's identity."""
     identity = b"" if sandbox is None else sandbox.identity()
