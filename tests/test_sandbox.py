@@ -217,9 +217,11 @@ async def test_file_tools_obey_the_filesystem_point(
     server: LiveServer, outside: Path, policy: str
 ) -> None:
     ws = server.workspace
-    (outside / "target").write_text("old")
+    for name in ("target", "linked", "written"):
+        (outside / name).write_text("old")
     (ws / "mine").write_text("old")
-    (ws / "link").symlink_to(outside / "target")
+    (ws / "link").symlink_to(outside / "linked")
+    (ws / "link2").symlink_to(outside / "written")
     sandbox = {"filesystem": policy}
     edit = {"old": "old", "new": "new"}
     calls: dict[str, tuple[str, dict[str, Any]]] = {
@@ -229,7 +231,7 @@ async def test_file_tools_obey_the_filesystem_point(
             {"files": [{"path": "mine", "edits": [edit]}, {"path": "link", "edits": [edit]}]},
         ),
         "write_out": ("write_file", {"path": str(outside / "new"), "content": "x"}),
-        "write_link": ("write_file", {"path": "link", "content": "x"}),
+        "write_link": ("write_file", {"path": "link2", "content": "x"}),
         "write_in": ("write_file", {"path": "in", "content": "x"}),
         "read_out": ("read_file", {"path": str(outside / "target")}),
     }
@@ -239,20 +241,23 @@ async def test_file_tools_obey_the_filesystem_point(
             for name, (tool, args) in calls.items()
         }
     assert results["read_out"]["outcome"] == "completed"  # reading is never refused
-    outside_calls = {"write_out": str(outside / "new"), "write_link": "link"}
+    outside_calls = {"write_out": str(outside / "new"), "write_link": "link2"}
     # the text names the first path it may not write: under read_only, the workspace's too
     first = "mine" if policy == "read_only" else "link"
     outside_calls |= {"edit_out": str(outside / "target"), "edit_both": first}
     if policy == "full":
         for name in ["write_out", "write_link", "edit_out", "edit_both", "write_in"]:
             assert results[name]["outcome"] == "completed", (name, results[name]["text"])
-        assert (outside / "new").exists() and (outside / "target").read_text() == "x"
+        assert (outside / "new").exists() and (outside / "written").read_text() == "x"
+        assert (outside / "target").read_text() == (outside / "linked").read_text() == "new"
         return
     for name, path in outside_calls.items():
         result = results[name]
         assert result["outcome"] == "failed", (name, result)
         assert result["text"] == f"{path} is outside what this call may write; no changes were made"
-    assert (outside / "target").read_text() == "old" and not (outside / "new").exists()
+    for name in ("target", "linked", "written"):
+        assert (outside / name).read_text() == "old", name
+    assert not (outside / "new").exists()
     assert (ws / "mine").read_text() == "old"  # all or nothing
     assert results["write_in"]["outcome"] == ("completed" if policy == "workspace_write" else "failed")
 
