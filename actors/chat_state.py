@@ -27,7 +27,6 @@ import msgspec
 from toolwire.actors import call_results, planner
 from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
-from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.effects import (
     AlreadyExited,
     ApprovalRestored,
@@ -134,6 +133,7 @@ from toolwire.actors.results import (
     text_denied,
     text_killed_after,
 )
+from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.tools.execute import ExecuteArgs
 from toolwire.actors.tools.files import SearchFilesArgs
 from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs

@@ -47,7 +47,7 @@ from toolwire.actors.followers import Followers
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute as execute_tool
 from toolwire.actors.tools import files as file_tools
-from toolwire.actors.tools import process_tools
+from toolwire.actors.tools import process_tools, write_scope
 
 log = logging.getLogger("toolwire.chat")
 
@@ -95,7 +95,9 @@ class ChatWork:
     def run_tool(self, effect: RunTool) -> None:
         policy = self.ctx.effective_sandbox(effect.sandbox)
         if policy.filesystem != "full":
-            refused = self.ctx.sandbox.refused_write(policy, self.ctx.workspace, effect.args)
+            refused = write_scope.refused_write(
+                self.ctx.sandbox, policy, self.ctx.workspace, effect.args
+            )
             if refused is not None:
                 self._feed(ToolEnded(effect.call_id, refused))
                 return

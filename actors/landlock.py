@@ -273,4 +273,3 @@ def restrict_current_thread(ruleset: Ruleset) -> None:
             _raise_errno("landlock_restrict_self")
     finally:
         os.close(fd)
-

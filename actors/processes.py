@@ -148,13 +148,11 @@ class ProcessBackend(Protocol):
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
-        confinement: Confinement | None = None,
     ) -> SpawnedProcess:
         """Start argv in a new process group (a new session). Its stdin is closed, or a pipe
         with `stdin`; with `terminal` it runs on a new pseudo-terminal of that size as its
-        controlling terminal (stdin, stdout and stderr), which implies `stdin`. With
-        `confinement` the command and every process it starts are sandboxed by the kernel
-        (a backend that cannot do that raises OSError). Raises OSError if it cannot start."""
+        controlling terminal (stdin, stdout and stderr), which implies `stdin`. Raises OSError
+        if it cannot start."""
 
 
 class _PipePort:
@@ -436,9 +434,7 @@ class RealProcessBackend:
     ) -> SpawnedProcess:
         if confinement is None:
             return self._spawn_here(argv, cwd, env, stdin, terminal)
-        thread = self._confined.thread_for(
-            confinement.ruleset, refuse_tcp=confinement.refuse_tcp
-        )
+        thread = self._confined.thread_for(confinement.ruleset, refuse_tcp=confinement.refuse_tcp)
         return thread.call(lambda: self._spawn_here(argv, cwd, env, stdin, terminal))
 
     def _spawn_here(
@@ -624,6 +620,10 @@ class ProcessTable:
         # Only a command with an input asks the backend for one: a backend of scripted
         # processes that offers none (a test's) is still a backend for everything else.
         if confinement is not None:
+            # Only real processes can be confined by the kernel; a scripted backend (the
+            # simulation's) refuses rather than run a command less restricted than asked.
+            if not isinstance(self._backend, RealProcessBackend):
+                raise OSError(errno.ENOSYS, "this process backend cannot sandbox a command")
             handle = self._backend.spawn(
                 argv, cwd, env, stdin=stdin, terminal=terminal, confinement=confinement
             )

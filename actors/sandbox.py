@@ -15,9 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from toolwire.actors import landlock, seccomp
-from toolwire.actors.results import Outcome, ToolReport, ToolwireError
-from toolwire.actors.tools import files as file_tools
-from toolwire.actors.sandbox_policy import TEXT_OUTSIDE, SandboxPolicy
+from toolwire.actors.results import ToolwireError
+from toolwire.actors.sandbox_policy import SandboxPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +58,8 @@ class Enforcement:
         found = f"Landlock ABI {abi}" if abi else "no Landlock"
         fs = "enforced" if self.filesystem else "NOT enforceable"
         net = "enforced" if self.network else "NOT enforceable"
-        return (
-            f"sandbox: {found}; filesystem policies {fs}, network off {net}"
-            + ("" if self.seccomp else " (no seccomp filter for this architecture)")
+        return f"sandbox: {found}; filesystem policies {fs}, network off {net}" + (
+            "" if self.seccomp else " (no seccomp filter for this architecture)"
         )
 
     def missing(self, policy: SandboxPolicy) -> list[str]:
@@ -83,7 +81,9 @@ class Enforcement:
         lacks = self.missing(policy)
         if lacks:
             abi = self.landlock.abi
-            found = f"this kernel offers Landlock ABI {abi}" if abi else "this kernel has no Landlock"
+            found = (
+                f"this kernel offers Landlock ABI {abi}" if abi else "this kernel has no Landlock"
+            )
             raise ToolwireError(
                 "sandbox_unsupported",
                 f"sandbox cannot be enforced here: {'; '.join(lacks)} ({found}); nothing ran",
@@ -117,25 +117,6 @@ class Enforcement:
             if not any(_beneath(target, root) for root in real_roots):
                 return path
         return None
-
-
-    def refused_write(
-        self, policy: SandboxPolicy, workspace: str, args: object
-    ) -> ToolReport | None:
-        """The `failed` report of a `write_file` or `edit_files` that would write outside
-        `policy`, naming the first such path as given; None for any other call."""
-        if isinstance(args, file_tools.WriteFileArgs):
-            paths = [args.path]
-        elif isinstance(args, file_tools.EditFilesArgs):
-            paths = [entry.path for entry in args.files]
-        else:
-            return None
-        path = self.outside(policy, workspace, paths)
-        if path is None:
-            return None
-        return ToolReport(
-            outcome=Outcome.FAILED, text=TEXT_OUTSIDE.format(path=path), data={"path": path}
-        )
 
 
 def _resolved_unique(paths: Iterable[str]) -> tuple[str, ...]:

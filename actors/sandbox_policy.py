@@ -59,7 +59,11 @@ class SandboxPolicy:
         return (workspace, temp_dir, *self.writable)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"filesystem": self.filesystem, "writable": list(self.writable), "network": self.network}
+        return {
+            "filesystem": self.filesystem,
+            "writable": list(self.writable),
+            "network": self.network,
+        }
 
     def identity(self) -> bytes:
         """What a call id stands for besides its tool and args (PROTOCOL.md 10.4: a repeat with
@@ -74,7 +78,9 @@ class SandboxPolicy:
 FULL: Final = SandboxPolicy()
 
 
-def normalized(filesystem: Filesystem, writable: list[str], network: bool, workspace: str) -> SandboxPolicy:
+def normalized(
+    filesystem: Filesystem, writable: list[str], network: bool, workspace: str
+) -> SandboxPolicy:
     """A call's `sandbox` field as a policy: `writable` paths made absolute against the
     workspace (`~` expanded) and folded (`..`), without duplicates, in their given order.
     Symlinks are resolved later, where the filesystem is at hand."""

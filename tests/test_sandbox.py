@@ -109,10 +109,10 @@ async def test_workspace_temp_dir_and_writable_paths_stay_writable(
             f"echo a > inside && echo b > {temp}/t && echo c > {outside}/w && echo d > /dev/null"
         )
         async with server.connect() as conn:
-            allowed = await run(
-                conn, "w", command, {**CONFINED, "writable": [str(outside)]}
+            allowed = await run(conn, "w", command, {**CONFINED, "writable": [str(outside)]})
+            read_only = await run(
+                conn, "r", "cat inside; echo e > again", {"filesystem": "read_only"}
             )
-            read_only = await run(conn, "r", "cat inside; echo e > again", {"filesystem": "read_only"})
     finally:
         shutil.rmtree(temp)
     assert exit_code(allowed) == 0, allowed["output"]
@@ -259,7 +259,9 @@ async def test_file_tools_obey_the_filesystem_point(
         assert (outside / name).read_text() == "old", name
     assert not (outside / "new").exists()
     assert (ws / "mine").read_text() == "old"  # all or nothing
-    assert results["write_in"]["outcome"] == ("completed" if policy == "workspace_write" else "failed")
+    assert results["write_in"]["outcome"] == (
+        "completed" if policy == "workspace_write" else "failed"
+    )
 
 
 async def test_sandbox_is_part_of_the_call_id(server: LiveServer) -> None:
@@ -305,7 +307,9 @@ async def test_an_older_kernel_refuses_what_it_cannot_enforce(
     async with live.connect() as conn:
         welcome = conn.welcome
         replies = {
-            name: await conn.call("c", name, "execute", {"command": f"echo {name} >> ran"}, sandbox=s)
+            name: await conn.call(
+                "c", name, "execute", {"command": f"echo {name} >> ran"}, sandbox=s
+            )
             for name, s in asks.items()
         }
         turn_id = "t"

@@ -83,9 +83,7 @@ class Sandbox(msgspec.Struct, kw_only=True):
     """A call's sandbox (PROTOCOL.md 10.4): a field of the call, never of the tool's args."""
 
     filesystem: Literal["read_only", "workspace_write", "full"] = "full"
-    writable: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(
-        default_factory=list
-    )
+    writable: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
     network: bool = True
 
 

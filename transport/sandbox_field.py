@@ -7,7 +7,9 @@ from toolwire.actors.sandbox_policy import SandboxPolicy, normalized
 from toolwire.transport import protocol
 
 
-def call_sandbox(ctx: AgentContext, tool: str, field: protocol.Sandbox | None) -> SandboxPolicy | None:
+def call_sandbox(
+    ctx: AgentContext, tool: str, field: protocol.Sandbox | None
+) -> SandboxPolicy | None:
     """The call's own policy (None for none or the default, which are the same call), after
     refusing with `sandbox_unsupported` a command whose sandbox, floor included, this kernel
     cannot enforce: before anything is recorded or run."""
