@@ -170,8 +170,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="NAME,...",
         help=(
-            "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
-            " bigwrite, interactive, abuse, request_cost)"
+            "run only these scenarios (transport, reqresp, process, sandbox, streaming, scale,"
+            " journal, bigwrite, interactive, abuse, request_cost)"
         ),
     )
     bench.add_argument(
