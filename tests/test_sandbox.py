@@ -349,3 +349,21 @@ async def test_an_older_kernel_refuses_what_it_cannot_enforce(
         # the whole turn is refused before any of its calls ran
         assert turn_reply["type"] == "error" and turn_reply["code"] == "sandbox_unsupported"
         assert "t1" not in ran and "t2" not in ran
+
+
+@pytest.mark.parametrize("sandbox", [CONFINED, OPEN], ids=["confined", "open"])
+async def test_a_command_on_a_terminal_is_confined_and_still_writes_its_terminal(
+    server: LiveServer, outside: Path, sandbox: dict[str, Any]
+) -> None:
+    command = f"echo term > /dev/tty; echo x > {outside}/pty; echo rc=$?"
+    async with server.connect() as conn:
+        with trio.fail_after(DEADLINE_S):
+            result = await conn.call(
+                "c", "pty", "execute", {"command": command, "pty": {"rows": 24, "cols": 80}},
+                sandbox=sandbox,
+            )  # fmt: skip
+    assert "term\r\n" in result["output"], result["output"]
+    if sandbox is CONFINED:
+        assert "rc=0" not in result["output"] and not (outside / "pty").exists()
+    else:
+        assert "rc=0" in result["output"] and (outside / "pty").exists()
