@@ -223,7 +223,9 @@ class ChatWork:
             # Refused again here, never run unconfined: a gate parked before a restart onto a
             # kernel that enforces less ends `failed` with nothing run.
             confinement = self.ctx.sandbox.confinement(
-                self.ctx.effective_sandbox(effect.sandbox), self.ctx.workspace
+                self.ctx.effective_sandbox(effect.sandbox),
+                self.ctx.workspace,
+                terminal=execute_tool.terminal_for(args) is not None,
             )
         except ToolwireError as exc:
             self._feed(SpawnFailed(call_id, exc.message))

@@ -99,9 +99,11 @@ FILESYSTEM_ABI: Final = 3
 NETWORK_ABI: Final = 4
 SCOPE_ABI: Final = 6
 
-# Device files every command may still write, as on any Unix: the bit bucket, and terminals
-# (its own: a `pty` command opens its terminal itself, after the domain is in force).
-DEVICE_WRITABLE: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts")
+# Device files every confined command may still write, as on any Unix: the bit bucket and its
+# controlling terminal. A command on a terminal (`pty`) also gets /dev/pts: it opens its own
+# terminal itself, after the domain is in force; a command without one never opens a terminal.
+DEVICE_WRITABLE: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+TERMINALS: Final = "/dev/pts"
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -175,11 +177,13 @@ class Landlock:
                 rights |= bits
         return rights
 
-    def ruleset(self, *, writable: Iterable[str] | None, network: bool) -> Ruleset:
+    def ruleset(
+        self, *, writable: Iterable[str] | None, network: bool, terminal: bool = False
+    ) -> Ruleset:
         """The ruleset of a policy: `writable` None leaves the filesystem alone (`full`),
         else writes are allowed only beneath those paths (empty: `read_only`) and to
-        `DEVICE_WRITABLE`; `network` False refuses every TCP bind and connect. Raises
-        `Unsupported` naming what this ABI lacks."""
+        `DEVICE_WRITABLE` (and `TERMINALS` for a command on a `terminal`); `network` False
+        refuses every TCP bind and connect. Raises `Unsupported` naming what this ABI lacks."""
         missing = []
         if writable is not None and not self.filesystem:
             missing.append(f"filesystem rules need Landlock ABI {FILESYSTEM_ABI}")
@@ -191,7 +195,8 @@ class Landlock:
         rules: list[tuple[str, int]] = []
         if writable is not None:
             handled_fs = self.write_rights()
-            rules.extend((path, LANDLOCK_ACCESS_FS_WRITE_FILE) for path in DEVICE_WRITABLE)
+            devices = (*DEVICE_WRITABLE, TERMINALS) if terminal else DEVICE_WRITABLE
+            rules.extend((path, LANDLOCK_ACCESS_FS_WRITE_FILE) for path in devices)
             rules.extend((path, handled_fs) for path in writable)
         handled_net = 0
         scoped = 0

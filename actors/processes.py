@@ -413,6 +413,16 @@ def _through_exec_helper(argv: list[str], env: Mapping[str, str], *, terminal: b
     return [sys.executable, "-I", "-S", "-c", _EXEC_HELPER, mode, lc_ctype, *argv]
 
 
+# A spawn's pid, and its Popen when Popen made it; and who runs the spawn: this thread, or the
+# confined thread of the command's sandbox (`ConfinedThread.call`).
+_Started = tuple[int, "subprocess.Popen[bytes] | None"]
+_Runner = Callable[[Callable[[], _Started]], _Started]
+
+
+def _run_here(start: Callable[[], _Started]) -> _Started:
+    return start()
+
+
 class RealProcessBackend:
     """Real processes. `posix_spawn=False` forces the Popen path (tests cover both). A command
     with a `confinement` is spawned (either way) by the confined thread of its policy
@@ -432,39 +442,35 @@ class RealProcessBackend:
         terminal: TerminalSize | None = None,
         confinement: Confinement | None = None,
     ) -> SpawnedProcess:
-        if confinement is None:
-            return self._spawn_here(argv, cwd, env, stdin, terminal)
-        thread = self._confined.thread_for(confinement.ruleset, refuse_tcp=confinement.refuse_tcp)
-        return thread.call(lambda: self._spawn_here(argv, cwd, env, stdin, terminal))
-
-    def _spawn_here(
-        self,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str],
-        stdin: bool,
-        terminal: TerminalSize | None,
-    ) -> SpawnedProcess:
+        # Pipes and terminals are made here, unconfined (a confined thread may not even open
+        # /dev/ptmx); only the spawn itself runs on the confined thread of the policy.
+        run: _Runner = _run_here
+        if confinement is not None:
+            run = self._confined.thread_for(
+                confinement.ruleset, refuse_tcp=confinement.refuse_tcp
+            ).call
         if terminal is not None:
-            return self._spawn_on_terminal(argv, cwd, env, terminal)
+            return self._spawn_on_terminal(argv, cwd, env, terminal, run)
         read_fd, write_fd = _pipe()
         in_read, in_write = _pipe() if stdin else (None, None)
-        popen: subprocess.Popen[bytes] | None = None
-        try:
+
+        def start() -> _Started:
             if self._spawner is not None:
-                pid = self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read)
-            else:
-                popen = subprocess.Popen(
-                    _through_exec_helper(argv, env, terminal=False),
-                    stdin=subprocess.DEVNULL if in_read is None else in_read,
-                    stdout=write_fd,
-                    stderr=write_fd,  # one merged output, as a terminal shows it
-                    cwd=cwd,
-                    env=dict(env),
-                    start_new_session=True,  # own session and process group: killed as a group
-                    close_fds=True,
-                )
-                pid = popen.pid
+                return self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read), None
+            popen = subprocess.Popen(
+                _through_exec_helper(argv, env, terminal=False),
+                stdin=subprocess.DEVNULL if in_read is None else in_read,
+                stdout=write_fd,
+                stderr=write_fd,  # one merged output, as a terminal shows it
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,  # own session and process group: killed as a group
+                close_fds=True,
+            )
+            return popen.pid, popen
+
+        try:
+            pid, popen = run(start)
         except BaseException:
             for fd in (read_fd, write_fd, in_read, in_write):
                 if fd is not None:
@@ -479,25 +485,33 @@ class RealProcessBackend:
         return _RealProcess(pid, read_fd, popen, stdin_fd=in_write)
 
     def _spawn_on_terminal(
-        self, argv: list[str], cwd: str, env: Mapping[str, str], size: TerminalSize
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        size: TerminalSize,
+        run: _Runner,
     ) -> SpawnedProcess:
         term = terminals.open_terminal(size)
-        popen: subprocess.Popen[bytes] | None = None
-        try:
+
+        def start() -> _Started:
             if self._spawner is not None:
                 pid = self._spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
-            else:
-                popen = subprocess.Popen(
-                    _through_exec_helper(argv, env, terminal=True),
-                    stdin=term.slave,
-                    stdout=term.slave,
-                    stderr=term.slave,
-                    cwd=cwd,
-                    env=dict(env),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-                pid = popen.pid
+                return pid, None
+            popen = subprocess.Popen(
+                _through_exec_helper(argv, env, terminal=True),
+                stdin=term.slave,
+                stdout=term.slave,
+                stderr=term.slave,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                close_fds=True,
+            )
+            return popen.pid, popen
+
+        try:
+            pid, popen = run(start)
         except BaseException:
             os.close(term.master)
             raise

@@ -89,16 +89,21 @@ class Enforcement:
                 f"sandbox cannot be enforced here: {'; '.join(lacks)} ({found}); nothing ran",
             )
 
-    def confinement(self, policy: SandboxPolicy, workspace: str) -> Confinement | None:
+    def confinement(
+        self, policy: SandboxPolicy, workspace: str, *, terminal: bool = False
+    ) -> Confinement | None:
         """The confinement of a command under `policy` (None: unconfined, `full` with the
-        network on). Raises `sandbox_unsupported` as `check` does."""
+        network on); `terminal`: the command runs on a terminal of its own. Raises
+        `sandbox_unsupported` as `check` does."""
         if policy.unrestricted:
             return None
         self.check(policy)
         roots = policy.write_roots(workspace, self.temp_dir)
         writable = None if roots is None else _resolved_unique(roots)
         try:
-            ruleset = self.landlock.ruleset(writable=writable, network=policy.network)
+            ruleset = self.landlock.ruleset(
+                writable=writable, network=policy.network, terminal=terminal
+            )
         except landlock.Unsupported as exc:  # unreachable after `check`; never run unconfined
             raise ToolwireError("sandbox_unsupported", str(exc)) from None
         return Confinement(ruleset, refuse_tcp=not policy.network)

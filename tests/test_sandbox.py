@@ -367,3 +367,19 @@ async def test_a_command_on_a_terminal_is_confined_and_still_writes_its_terminal
         assert "rc=0" not in result["output"] and not (outside / "pty").exists()
     else:
         assert "rc=0" in result["output"] and (outside / "pty").exists()
+
+
+async def test_a_command_without_a_terminal_cannot_write_anyone_elses(server: LiveServer) -> None:
+    master, slave = os.openpty()  # another terminal of this user (the test's own)
+    try:
+        command = f"echo x > {os.ttyname(slave)}"
+        async with server.connect() as conn:
+            confined = await run(conn, "tty-c", command, CONFINED)
+            plain = await run(conn, "tty-o", command, OPEN)
+        got = os.read(master, 100)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert exit_code(confined) != 0 and DENIED in confined["output"]
+    assert exit_code(plain) == 0, plain["output"]
+    assert got == b"x\r\n"  # only the open command's line arrived
