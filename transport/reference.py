@@ -274,7 +274,13 @@ def render() -> str:
             tag = str(info.tag)
             out += [f"#### `{tag}`", "", *_table(cls), "", *_example(tag, cls, union), ""]
     out += ["### Nested objects", ""]
-    for cls in (protocol.CallSpec, protocol.Result, protocol.Limits):
+    for cls in (
+        protocol.CallSpec,
+        protocol.Result,
+        protocol.Limits,
+        protocol.Sandbox,
+        protocol.SandboxLimits,
+    ):
         out += [f"#### `{cls.__name__}`", "", *_table(cls), ""]
     out.append(END)
     return "\n".join(out)
