@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +18,8 @@ import pytest
 import trio
 
 from tests.conftest import LiveServer, start_server
-from tests.wsclient import RawConn
+from tests.test_serve import serve
+from tests.wsclient import RawConn, connect, is_result
 from toolwire.actors.landlock import Landlock
 from toolwire.actors.sandbox import Enforcement
 from toolwire.actors.sandbox_policy import SandboxPolicy
@@ -48,6 +50,15 @@ async def server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveSer
     live = await start_server(nursery, workspace)
     yield live
     await live.agent.stop_processes(0.5)
+
+
+def _token(tmp_path: Path) -> str:
+    return (tmp_path / "state" / "token").read_text().strip()
+
+
+async def _kill9(process: trio.Process) -> None:
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
 
 
 async def run(conn: RawConn, call_id: str, command: str, sandbox: Any) -> dict[str, Any]:
@@ -383,3 +394,30 @@ async def test_a_command_without_a_terminal_cannot_write_anyone_elses(server: Li
     assert exit_code(confined) != 0 and DENIED in confined["output"]
     assert exit_code(plain) == 0, plain["output"]
     assert got == b"x\r\n"  # only the open command's line arrived
+
+
+async def test_a_parked_gate_keeps_its_sandbox_across_a_kill9(
+    tmp_path: Path, outside: Path
+) -> None:
+    command = f"echo ran >> runs.txt; echo x > {outside}/after; echo rc=$?"
+    args = {"command": command}
+    async with serve(tmp_path) as agent:
+        async with connect(agent.url, _token(tmp_path)) as conn:
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "g", "tool": "execute",
+                             "args": args, "approval": True, "sandbox": CONFINED})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "approval")
+            # a cancel's reply is sent once its row is durable, and commits are in order
+            await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["other"]})
+            await conn.recv_until(lambda m: m["type"] == "cancel_result")
+        await _kill9(agent.process)
+    async with serve(tmp_path) as agent, connect(agent.url, _token(tmp_path)) as conn:
+        with trio.fail_after(DEADLINE_S):
+            # still the same call: the sandbox came back with it
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "g", "tool": "execute",
+                             "args": args, "approval": True, "sandbox": CONFINED})  # fmt: skip
+            accepted = (await conn.recv_until(lambda m: m["type"] in ("accepted", "error")))[-1]
+            await conn.send({"type": "approve", "chat_id": "c", "call_id": "g", "approved": True})
+            result = (await conn.recv_until(is_result("g")))[-1]
+    assert accepted["type"] == "accepted" and accepted["state"] == "awaiting_approval"
+    assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
+    assert "rc=0" not in result["output"] and not (outside / "after").exists()

@@ -4,7 +4,10 @@ each against a real agent."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +17,25 @@ import trio
 
 from tests.clientshells import SHELLS, Shell
 from tests.conftest import start_server
-from tests.test_serve import _toolwire_call, serve
+from tests.test_serve import ROOT, serve
 from toolwire.actors.landlock import Landlock
 from toolwire.actors.sandbox import Enforcement
 from toolwire.transport.client.errors import RequestError
 
 pytestmark = pytest.mark.skipif(not Enforcement.probe().network, reason="needs Landlock ABI >= 4")
+
+
+async def _toolwire_call(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TOOLWIRE_TOKEN", None)
+    return await trio.run_process(
+        [sys.executable, "-m", "toolwire.cli.main", "call", *argv],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env,
+        cwd=str(ROOT),
+    )
 
 
 @pytest.fixture(params=sorted(SHELLS))
