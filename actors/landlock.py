@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -155,6 +156,8 @@ class Landlock:
     @classmethod
     def probe(cls) -> Landlock:
         """The running kernel's ABI (0 when Landlock is absent, disabled or not Linux)."""
+        if not sys.platform.startswith("linux"):
+            return cls(abi=0)  # the system call numbers are Linux's
         version = _syscall(
             SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
         )

@@ -22,11 +22,16 @@ TEXT_OUTSIDE = "{path} is outside what this call may write; no changes were made
 
 @dataclass(frozen=True, slots=True)
 class SandboxPolicy:
-    """One call's sandbox; the default is no sandbox at all (`full`, `[]`, network on)."""
+    """One call's sandbox; the default is no sandbox at all (`full`, `[]`, network on).
+    `writable` means something only under `workspace_write`, and is empty otherwise."""
 
     filesystem: Filesystem = "full"
     writable: tuple[str, ...] = ()
     network: bool = True
+
+    def __post_init__(self) -> None:
+        if self.writable and self.filesystem != "workspace_write":
+            object.__setattr__(self, "writable", ())
 
     @property
     def unrestricted(self) -> bool:

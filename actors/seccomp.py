@@ -22,6 +22,7 @@ import os
 import platform
 import socket
 import struct
+import sys
 from typing import Final
 
 # <linux/prctl.h>, <linux/seccomp.h>, <linux/filter.h>, <linux/audit.h>
@@ -55,8 +56,8 @@ _ARCHES: Final = {
 
 
 def supported() -> bool:
-    """Whether this machine's architecture has a filter here."""
-    return platform.machine() in _ARCHES
+    """Whether this machine (Linux, and an architecture with a filter here) can refuse them."""
+    return sys.platform.startswith("linux") and platform.machine() in _ARCHES
 
 
 _Jump = str | None

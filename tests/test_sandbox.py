@@ -21,6 +21,7 @@ from tests.conftest import LiveServer, start_server
 from tests.test_serve import serve
 from tests.wsclient import RawConn, connect, is_result
 from toolwire.actors.landlock import Landlock
+from toolwire.actors.processes import RealProcessBackend
 from toolwire.actors.sandbox import Enforcement
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -421,3 +422,17 @@ async def test_a_parked_gate_keeps_its_sandbox_across_a_kill9(
     assert accepted["type"] == "accepted" and accepted["state"] == "awaiting_approval"
     assert (tmp_path / "ws" / "runs.txt").read_text() == "ran\n"
     assert "rc=0" not in result["output"] and not (outside / "after").exists()
+
+
+@pytest.mark.parametrize("sandbox", [CONFINED, OPEN], ids=["confined", "open"])
+async def test_the_popen_path_is_confined_alike(
+    nursery: trio.Nursery, tmp_path: Path, outside: Path, sandbox: dict[str, Any]
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    live = await start_server(nursery, workspace, backend=RealProcessBackend(posix_spawn=False))
+    async with live.connect() as conn:
+        result = await run(conn, "popen", f"echo x > {outside}/popen", sandbox)
+    await live.agent.stop_processes(0.5)
+    assert (exit_code(result) == 0) == (sandbox is OPEN), result["output"]
+    assert (outside / "popen").exists() == (sandbox is OPEN)
