@@ -26,6 +26,7 @@ import sys
 from typing import Final
 
 # <linux/prctl.h>, <linux/seccomp.h>, <linux/filter.h>, <linux/audit.h>
+PR_SET_NO_NEW_PRIVS: Final = 38
 PR_SET_SECCOMP: Final = 22
 SECCOMP_MODE_FILTER: Final = 2
 SECCOMP_RET_ALLOW: Final = 0x7FFF0000
@@ -113,8 +114,11 @@ _prctl.restype = ctypes.c_int
 
 
 def refuse_tcp_sockets_on_current_thread() -> None:
-    """Install the filter on the calling thread, for good (the caller has set no_new_privs).
+    """Install the filter on the calling thread, for good (after setting its no_new_privs).
     Raises OSError."""
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # what an unprivileged filter needs
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
     code = program()
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = _SockFprog(len(code) // 8, ctypes.cast(buffer, ctypes.c_void_p))

@@ -298,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "call":
         from toolwire.cli.call import parse_args_json, read_token, run_call
+
+        if args.sandbox_writable and args.sandbox != "workspace_write":
+            print(
+                "toolwire call: --sandbox-writable needs --sandbox workspace_write",
+                file=sys.stderr,
+            )
+            return 2
         from toolwire.cli.serve import default_state_dir
 
         token = read_token(args.token, args.state_dir or default_state_dir())

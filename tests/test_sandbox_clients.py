@@ -140,3 +140,12 @@ async def test_toolwire_call_sandbox_and_the_serve_floor(tmp_path: Path, outside
         )
     assert loose.returncode != 0 and b"Permission denied" in loose.stdout
     assert not (outside / "f").exists()
+
+
+async def test_toolwire_call_refuses_writable_without_workspace_write(tmp_path: Path) -> None:
+    done = await _toolwire_call(
+        "--url", "ws://127.0.0.1:9/v1", "--token", "t", "--sandbox-writable", "/srv",
+        "execute", '{"command": "true"}',
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert b"--sandbox-writable needs --sandbox workspace_write" in done.stderr
