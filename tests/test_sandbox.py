@@ -214,14 +214,21 @@ async def test_floor_beats_a_looser_call(
             workspace = tmp_path / f"ws-{floor.filesystem}"
             workspace.mkdir()
             live = await start_server(nursery, workspace, sandbox_floor=floor)
+            target = str(outside / f"file-{floor.filesystem}")
             async with live.connect() as conn:
                 result = await run(conn, "loose", command, OPEN)
-            outcomes[floor.filesystem] = result["output"]
+                written = await conn.call(
+                    "c", "w", "write_file", {"path": target, "content": "x"}, sandbox=OPEN
+                )
+            outcomes[floor.filesystem] = (result["output"], written["outcome"])
             await live.agent.stop_processes(0.5)
     finally:
         listener.close()
-    assert "fs=0" not in outcomes["workspace_write"] and "net=0" not in outcomes["workspace_write"]
-    assert "fs=0" in outcomes["full"] and "net=0" in outcomes["full"]
+    floored, written = outcomes["workspace_write"]
+    assert "fs=0" not in floored and "net=0" not in floored and written == "failed"
+    assert not (outside / "file-workspace_write").exists()
+    unfloored, written = outcomes["full"]
+    assert "fs=0" in unfloored and "net=0" in unfloored and written == "completed"
 
 
 @pytest.mark.parametrize("policy", ["workspace_write", "read_only", "full"])
