@@ -53,6 +53,14 @@ async def server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveSer
     await live.agent.stop_processes(0.5)
 
 
+def _has_ipv6() -> bool:
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
 def _token(tmp_path: Path) -> str:
     return (tmp_path / "state" / "token").read_text().strip()
 
@@ -147,8 +155,9 @@ async def test_tcp_connect_and_listen(server: LiveServer, network: bool) -> None
         "bind_listen": "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()",
         # never bound: the kernel would bind it itself; Landlock alone lets this through
         "listen": "import socket; s = socket.socket(); s.listen(); print(s.getsockname())",
-        "listen6": "import socket; s = socket.socket(socket.AF_INET6); s.listen()",
     }
+    if _has_ipv6():
+        programs["listen6"] = "import socket; s = socket.socket(socket.AF_INET6); s.listen()"
     try:
         async with server.connect() as conn:
             results = {
