@@ -50,7 +50,7 @@ async def server(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[LiveSer
     workspace.mkdir()
     live = await start_server(nursery, workspace)
     yield live
-    await live.agent.stop_processes(0.5)
+    await live.server.shutdown()
 
 
 def _has_ipv6() -> bool:
@@ -230,7 +230,7 @@ async def test_floor_beats_a_looser_call(
                     "c", "w", "write_file", {"path": target, "content": "x"}, sandbox=OPEN
                 )
             outcomes[floor.filesystem] = (result["output"], written["outcome"])
-            await live.agent.stop_processes(0.5)
+            await live.server.shutdown()
     finally:
         listener.close()
     floored, written = outcomes["workspace_write"]
@@ -358,7 +358,7 @@ async def test_an_older_kernel_refuses_what_it_cannot_enforce(
             }
         )
         turn_reply = (await conn.recv_until(lambda m: m["type"] in ("turn_result", "error")))[-1]
-    await live.agent.stop_processes(0.5)
+    await live.server.shutdown()
     filesystem, network = limits
     assert welcome["limits"]["sandbox"] == {"filesystem": filesystem, "network": network}
     assert ("sandbox" in welcome["features"]) == (filesystem or network)
@@ -449,6 +449,6 @@ async def test_the_popen_path_is_confined_alike(
     live = await start_server(nursery, workspace, backend=RealProcessBackend(posix_spawn=False))
     async with live.connect() as conn:
         result = await run(conn, "popen", f"echo x > {outside}/popen", sandbox)
-    await live.agent.stop_processes(0.5)
+    await live.server.shutdown()
     assert (exit_code(result) == 0) == (sandbox is OPEN), result["output"]
     assert (outside / "popen").exists() == (sandbox is OPEN)
