@@ -84,9 +84,16 @@ class ConfinedThread:
         return value  # type: ignore[return-value]
 
     def close(self) -> None:
+        """Let the thread end, and wait for it (it is idle: microseconds). The commands it
+        spawned stay confined: the domain lives in each of them."""
         with self._lock:
             self._closing = True
             self._go.release()
+        self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
 
 class ConfinedThreads:
@@ -108,6 +115,9 @@ class ConfinedThreads:
                 _, oldest = self._threads.popitem(last=False)
                 oldest.close()
             return thread
+
+    def __len__(self) -> int:
+        return len(self._threads)
 
     def close(self) -> None:
         with self._lock:

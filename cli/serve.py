@@ -105,17 +105,18 @@ async def serve(options: ServeOptions) -> None:
         )
     # A corrupt or unreadable journal raises JournalError here: the agent stops and says which
     # file, rather than starting empty and running again what already ran.
+    # A floor this machine cannot enforce stops the start: every command would be refused.
     enforcement = Enforcement.probe()
-    # What this machine can enforce, for the operator to check (docs/sandbox.md); a floor it
-    # cannot enforce stops the start: every command would be refused.
-    log.info(enforcement.describe(), extra={"sandbox": enforcement.limits()})
     try:
         enforcement.check(options.sandbox_floor)
     except ToolwireError as exc:
         raise SystemExit(f"toolwire serve: --sandbox/--sandbox-network: {exc.message}") from None
+    journal = open_journal(options.journal, state_dir, options.sync)
+    # What this machine can enforce, for the operator to check (docs/sandbox.md). Logged once
+    # the journal is open: a start that fails there says so in one line.
+    log.info(enforcement.describe(), extra={"sandbox": enforcement.limits()})
     if not options.sandbox_floor.unrestricted:
         log.info("sandbox floor", extra={"sandbox_floor": options.sandbox_floor.to_wire()})
-    journal = open_journal(options.journal, state_dir, options.sync)
     ctx = AgentContext(
         workspace=str(workspace),
         approve_tools=options.approve,

@@ -13,14 +13,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from toolwire.actors import landlock
-from toolwire.actors.confined import ConfinedThread, ConfinedThreads
+from toolwire.actors.confined import MAX_THREADS, ConfinedThread, ConfinedThreads
 from toolwire.actors.landlock import Landlock, Unsupported
 
 KERNEL = Landlock.probe()
@@ -138,18 +137,25 @@ def test_a_command_of_a_confined_thread_cannot_reach_tcp(abi: int) -> None:
 
 def test_threads_are_kept_per_ruleset_and_bounded() -> None:
     threads = ConfinedThreads()
-    rules = [Landlock(KERNEL.abi).ruleset(writable=[f"/w{i}"], network=True) for i in range(20)]
+    rules = [
+        Landlock(KERNEL.abi).ruleset(writable=[f"/w{i}"], network=True)
+        for i in range(MAX_THREADS + 4)
+    ]
     try:
         first = threads.thread_for(rules[0], refuse_tcp=False)
         assert threads.thread_for(rules[0], refuse_tcp=False) is first
         assert threads.thread_for(rules[0], refuse_tcp=True) is not first
-        before = threading.active_count()
-        for rule in rules[1:]:
-            threads.thread_for(rule, refuse_tcp=False)
-        # the least recently used were let go: at most MAX_THREADS stay
-        assert threading.active_count() - before <= 16
+        made = [threads.thread_for(rule, refuse_tcp=False) for rule in rules[1:]]
+        # the least recently used were let go: MAX_THREADS stay, each of the others has ended
+        assert len(threads) == MAX_THREADS
+        assert (
+            not first.alive
+            and [thread.alive for thread in made] == [False] * 3 + [True] * MAX_THREADS
+        )
+        assert made[-1] is threads.thread_for(rules[-1], refuse_tcp=False)
     finally:
         threads.close()
+    assert not any(thread.alive for thread in made)
 
 
 def test_a_thread_that_cannot_be_confined_runs_nothing() -> None:
