@@ -8,6 +8,7 @@ from typing import Any
 
 from toolwire.actors.records import ToolCallRecord, args_fingerprint
 from toolwire.actors.results import ToolwireError
+from toolwire.actors.sandbox_policy import SandboxPolicy, combined_fingerprint
 from toolwire.actors.tools.registry import TOOLS
 
 
@@ -32,12 +33,15 @@ class CallSpec:
     # `args_fingerprint(tool, args)` where the transport computed it already, off the event
     # loop (a big message: `transport/big_messages.py`); None: ChatState computes it.
     args_fingerprint: bytes | None = field(default=None, repr=False, compare=False)
+    # The call's own `sandbox` (PROTOCOL.md 10.4), before the agent's floor; None: none asked.
+    sandbox: SandboxPolicy | None = None
 
     def fingerprint(self) -> bytes:
-        """What a repeat of this call must match (`records.args_fingerprint`)."""
+        """What a repeat of this call must match: its args' fingerprint
+        (`records.args_fingerprint`) and its sandbox (a repeat with another is a conflict)."""
         if self.args_fingerprint is not None:
-            return self.args_fingerprint
-        return args_fingerprint(self.tool, self.args)
+            return combined_fingerprint(self.args_fingerprint, self.sandbox)
+        return combined_fingerprint(args_fingerprint(self.tool, self.args), self.sandbox)
 
 
 def conflict_error(record: ToolCallRecord) -> ToolwireError:
@@ -45,5 +49,6 @@ def conflict_error(record: ToolCallRecord) -> ToolwireError:
     return ToolwireError(
         "conflict",
         f"call_id {record.call_id!r} was first used with tool {record.tool!r} and other "
-        "args; a retry must repeat the same tool and args, a new call needs a new id",
+        "args or another sandbox; a retry must repeat the same tool, args and sandbox, a new "
+        "call needs a new id",
     )

@@ -133,6 +133,7 @@ from toolwire.actors.results import (
     text_denied,
     text_killed_after,
 )
+from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.tools.execute import ExecuteArgs
 from toolwire.actors.tools.files import SearchFilesArgs
 from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs
@@ -1163,11 +1164,12 @@ class ChatState:
             if why is not None:
                 self._finish(record, self._plain_result(record, Outcome.FAILED, why))
                 return
-            self._emit(Spawn(record.call_id, call.parsed, record.started_at_ms or self._wall_ms))
+            started_at_ms = record.started_at_ms or self._wall_ms
+            self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
         call.stoppable = _stoppable(tool)
         on_loop = _runs_on_loop(tool)
-        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop))
+        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop, call.spec.sandbox))
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
         if spec.background and spec.timeout_ms:
@@ -1917,6 +1919,7 @@ class ChatState:
             tool=record.tool,
             fingerprint=record.fingerprint,
             args=spec.args if parked else None,
+            sandbox=None if spec.sandbox is None else spec.sandbox.to_wire(),
             timeout_ms=spec.timeout_ms,
             background=spec.background,
             approval=spec.approval,
@@ -1940,7 +1943,13 @@ class ChatState:
         and never runs again; a parked gate is parked again."""
         row = event.row
         spec = CallSpec(
-            row.call_id, row.tool or "", row.args, row.timeout_ms, row.background, row.approval
+            row.call_id,
+            row.tool or "",
+            row.args,
+            row.timeout_ms,
+            row.background,
+            row.approval,
+            sandbox=policy_from_row(row.sandbox),
         )
         record = ToolCallRecord(
             call_id=row.call_id,

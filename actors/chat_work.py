@@ -44,9 +44,10 @@ from toolwire.actors.effects import (
     WatchGroup,
 )
 from toolwire.actors.followers import Followers
+from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute as execute_tool
 from toolwire.actors.tools import files as file_tools
-from toolwire.actors.tools import process_tools
+from toolwire.actors.tools import process_tools, write_scope
 
 log = logging.getLogger("toolwire.chat")
 
@@ -113,6 +114,14 @@ class ChatWork:
         return not self._timers and not self._stoppable and not self._searches
 
     def run_tool(self, effect: RunTool) -> None:
+        policy = self.ctx.effective_sandbox(effect.sandbox)
+        if policy.filesystem != "full":
+            refused = write_scope.refused_write(
+                self.ctx.sandbox, policy, self.ctx.workspace, effect.args
+            )
+            if refused is not None:
+                self._feed(ToolEnded(effect.call_id, refused))
+                return
         if effect.on_loop:
             run_on_loop(effect, self.chat_id, self.ctx, self.processes, self._feed)
             return
@@ -220,6 +229,17 @@ class ChatWork:
         assert isinstance(args, execute_tool.ExecuteArgs)
         call_id = effect.call_id
         try:
+            # Refused again here, never run unconfined: a gate parked before a restart onto a
+            # kernel that enforces less ends `failed` with nothing run.
+            confinement = self.ctx.sandbox.confinement(
+                self.ctx.effective_sandbox(effect.sandbox),
+                self.ctx.workspace,
+                terminal=execute_tool.terminal_for(args) is not None,
+            )
+        except ToolwireError as exc:
+            self._feed(SpawnFailed(call_id, exc.message))
+            return
+        try:
             proc = self.processes.spawn(
                 call_id,
                 args.command,
@@ -229,6 +249,7 @@ class ChatWork:
                 effect.started_at_ms,
                 stdin=execute_tool.stdin_for(args),
                 terminal=execute_tool.terminal_for(args),
+                confinement=confinement,
             )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))

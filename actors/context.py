@@ -19,6 +19,8 @@ from toolwire.actors.command_env import command_environment
 from toolwire.actors.journal import Journal, MemoryJournal
 from toolwire.actors.metrics import CallCounters
 from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
+from toolwire.actors.sandbox import Enforcement
+from toolwire.actors.sandbox_policy import FULL, SandboxPolicy
 from toolwire.actors.tools.registry import TOOL_NAMES
 
 
@@ -127,6 +129,10 @@ class AgentContext:
     result_cache_bytes: int = DEFAULT_MAX_BYTES
     # The operator's counters (`/metrics`); None counts nothing (the benchmark's baseline).
     metrics: CallCounters | None = field(default_factory=lambda: CallCounters(TOOL_NAMES))
+    # The floor of every call's sandbox (`toolwire serve --sandbox/--sandbox-network`), and what
+    # the kernel can enforce (PROTOCOL.md 10.4; a lower Landlock ABI shows an older kernel).
+    sandbox_floor: SandboxPolicy = FULL
+    sandbox: Enforcement = field(default_factory=Enforcement.probe)
     # What every chat holds together, against the agent-wide limits (actors/budget.py).
     budget: AgentBudget = field(init=False)
 
@@ -138,6 +144,16 @@ class AgentContext:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+
+    def effective_sandbox(self, asked: SandboxPolicy | None) -> SandboxPolicy:
+        """A call's sandbox as it runs: the stricter of the floor and its own, on each point."""
+        return self.sandbox_floor if asked is None else self.sandbox_floor.meet(asked)
+
+    def admit_sandbox(self, tool: str, asked: SandboxPolicy | None) -> None:
+        """Refuse (`sandbox_unsupported`) a command whose sandbox this kernel cannot enforce,
+        before anything runs. File tools are checked by the agent itself, on any kernel."""
+        if tool == "execute":
+            self.sandbox.check(self.effective_sandbox(asked))
 
     def chat_config(self) -> ChatConfig:
         """The policy and limits a chat's state machine decides by (no clocks, no I/O)."""

@@ -21,6 +21,7 @@ from toolwire.actors.calls import CallSpec
 from toolwire.actors.events import Event, Rid, StartedEvent
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.results import Result, ToolReport
+from toolwire.actors.sandbox_policy import SandboxPolicy
 
 Conn = Hashable
 
@@ -496,6 +497,7 @@ class RunTool:
     tool: str
     args: msgspec.Struct
     on_loop: bool
+    sandbox: SandboxPolicy | None = None  # the call's own (PROTOCOL.md 10.4), before the floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +515,7 @@ class Spawn:
     call_id: str
     args: msgspec.Struct
     started_at_ms: int
+    sandbox: SandboxPolicy | None = None  # the call's own (PROTOCOL.md 10.4), before the floor
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,9 @@ class JournalRow(msgspec.Struct, kw_only=True):
     tool: str | None
     fingerprint: bytes | None
     args: Any = None  # only while the record awaits approval (ChatState._row)
+    # The call's own sandbox (SandboxPolicy.to_wire), so a gate approved after a restart runs
+    # its command as confined as it was asked to be; None: none was asked.
+    sandbox: Any = None
     timeout_ms: int | None = None
     background: bool = False
     approval: bool = False

@@ -35,8 +35,10 @@ from typing import Final, Protocol
 import trio
 
 from toolwire.actors import terminal as terminals
+from toolwire.actors.confined import ConfinedThreads
 from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.output import OutputBuffer
+from toolwire.actors.sandbox import Confinement
 from toolwire.actors.spawn import PosixSpawner
 from toolwire.actors.terminal import TerminalSize
 
@@ -411,11 +413,24 @@ def _through_exec_helper(argv: list[str], env: Mapping[str, str], *, terminal: b
     return [sys.executable, "-I", "-S", "-c", _EXEC_HELPER, mode, lc_ctype, *argv]
 
 
+# A spawn's pid, and its Popen when Popen made it; and who runs the spawn: this thread, or the
+# confined thread of the command's sandbox (`ConfinedThread.call`).
+_Started = tuple[int, "subprocess.Popen[bytes] | None"]
+_Runner = Callable[[Callable[[], _Started]], _Started]
+
+
+def _run_here(start: Callable[[], _Started]) -> _Started:
+    return start()
+
+
 class RealProcessBackend:
-    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both)."""
+    """Real processes. `posix_spawn=False` forces the Popen path (tests cover both). A command
+    with a `confinement` is spawned (either way) by the confined thread of its policy
+    (actors/confined.py), so it and all it starts inherit that sandbox."""
 
     def __init__(self, *, posix_spawn: bool = True) -> None:
         self._spawner = PosixSpawner.load() if posix_spawn else None
+        self._confined = ConfinedThreads()
 
     def spawn(
         self,
@@ -425,27 +440,37 @@ class RealProcessBackend:
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
     ) -> SpawnedProcess:
+        # Pipes and terminals are made here, unconfined (a confined thread may not even open
+        # /dev/ptmx); only the spawn itself runs on the confined thread of the policy.
+        run: _Runner = _run_here
+        if confinement is not None:
+            run = self._confined.thread_for(
+                confinement.ruleset, refuse_tcp=confinement.refuse_tcp
+            ).call
         if terminal is not None:
-            return self._spawn_on_terminal(argv, cwd, env, terminal)
+            return self._spawn_on_terminal(argv, cwd, env, terminal, run)
         read_fd, write_fd = _pipe()
         in_read, in_write = _pipe() if stdin else (None, None)
-        popen: subprocess.Popen[bytes] | None = None
-        try:
+
+        def start() -> _Started:
             if self._spawner is not None:
-                pid = self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read)
-            else:
-                popen = subprocess.Popen(
-                    _through_exec_helper(argv, env, terminal=False),
-                    stdin=subprocess.DEVNULL if in_read is None else in_read,
-                    stdout=write_fd,
-                    stderr=write_fd,  # one merged output, as a terminal shows it
-                    cwd=cwd,
-                    env=dict(env),
-                    start_new_session=True,  # own session and process group: killed as a group
-                    close_fds=True,
-                )
-                pid = popen.pid
+                return self._spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read), None
+            popen = subprocess.Popen(
+                _through_exec_helper(argv, env, terminal=False),
+                stdin=subprocess.DEVNULL if in_read is None else in_read,
+                stdout=write_fd,
+                stderr=write_fd,  # one merged output, as a terminal shows it
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,  # own session and process group: killed as a group
+                close_fds=True,
+            )
+            return popen.pid, popen
+
+        try:
+            pid, popen = run(start)
         except BaseException:
             for fd in (read_fd, write_fd, in_read, in_write):
                 if fd is not None:
@@ -460,25 +485,33 @@ class RealProcessBackend:
         return _RealProcess(pid, read_fd, popen, stdin_fd=in_write)
 
     def _spawn_on_terminal(
-        self, argv: list[str], cwd: str, env: Mapping[str, str], size: TerminalSize
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        size: TerminalSize,
+        run: _Runner,
     ) -> SpawnedProcess:
         term = terminals.open_terminal(size)
-        popen: subprocess.Popen[bytes] | None = None
-        try:
+
+        def start() -> _Started:
             if self._spawner is not None:
                 pid = self._spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
-            else:
-                popen = subprocess.Popen(
-                    _through_exec_helper(argv, env, terminal=True),
-                    stdin=term.slave,
-                    stdout=term.slave,
-                    stderr=term.slave,
-                    cwd=cwd,
-                    env=dict(env),
-                    start_new_session=True,
-                    close_fds=True,
-                )
-                pid = popen.pid
+                return pid, None
+            popen = subprocess.Popen(
+                _through_exec_helper(argv, env, terminal=True),
+                stdin=term.slave,
+                stdout=term.slave,
+                stderr=term.slave,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+                close_fds=True,
+            )
+            return popen.pid, popen
+
+        try:
+            pid, popen = run(start)
         except BaseException:
             os.close(term.master)
             raise
@@ -593,13 +626,22 @@ class ProcessTable:
         *,
         stdin: bool = False,
         terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
     ) -> ProcessRecord:
         """Start a process (OSError if it cannot start). The caller runs `pump` and `reap`.
         `stdin`: its stdin is a pipe `process_input` writes to; `terminal`: it runs on a new
         pseudo-terminal of that size (PROTOCOL.md 9.1)."""
         # Only a command with an input asks the backend for one: a backend of scripted
         # processes that offers none (a test's) is still a backend for everything else.
-        if terminal is not None or stdin:
+        if confinement is not None:
+            # Only real processes can be confined by the kernel; a scripted backend (the
+            # simulation's) refuses rather than run a command less restricted than asked.
+            if not isinstance(self._backend, RealProcessBackend):
+                raise OSError(errno.ENOSYS, "this process backend cannot sandbox a command")
+            handle = self._backend.spawn(
+                argv, cwd, env, stdin=stdin, terminal=terminal, confinement=confinement
+            )
+        elif terminal is not None or stdin:
             handle = self._backend.spawn(argv, cwd, env, stdin=stdin, terminal=terminal)
         else:
             handle = self._backend.spawn(argv, cwd, env)

@@ -67,11 +67,14 @@ async def run_call(
     call_id: str | None,
     timeout_ms: int | None,
     as_json: bool,
+    sandbox: dict[str, Any] | None = None,
 ) -> int:
     call_id = call_id or str(uuid.uuid4())
     try:
         async with connect(url, token, reconnect=True) as client:
-            handle = await client.call(chat_id, call_id, tool, args, timeout_ms=timeout_ms)
+            handle = await client.call(
+                chat_id, call_id, tool, args, timeout_ms=timeout_ms, sandbox=sandbox
+            )
             streamed = False
             async for event in handle:
                 if isinstance(event, protocol.Output) and not as_json:

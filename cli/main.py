@@ -114,6 +114,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "a crash of the agent, the last commits may be lost with the machine); docs/durability.md",
     )
 
+    serve.add_argument(
+        "--sandbox",
+        choices=["read_only", "workspace_write", "full"],
+        default="full",
+        help="the floor of every call's sandbox filesystem point: no call writes more than "
+        "this allows (default full); docs/sandbox.md",
+    )
+    serve.add_argument(
+        "--sandbox-network",
+        choices=["on", "off"],
+        default="on",
+        help="off: no command may open a TCP connection or listen, whatever its call asks",
+    )
+
     call = sub.add_parser("call", help="run one tool call and stream its output")
     call.add_argument("tool", help="tool name, e.g. execute")
     call.add_argument("args_json", metavar="ARGS_JSON", help='e.g. \'{"command": "ls -la"}\'')
@@ -124,6 +138,22 @@ def _build_parser() -> argparse.ArgumentParser:
     call.add_argument("--call-id", default=None, help="default: a new UUID")
     call.add_argument("--timeout-ms", type=int, default=None)
     call.add_argument("--json", action="store_true", help="print the Result as JSON")
+    call.add_argument(
+        "--sandbox",
+        choices=["read_only", "workspace_write", "full"],
+        default=None,
+        help="the call's sandbox filesystem point (PROTOCOL.md 10.4; default: none asked)",
+    )
+    call.add_argument(
+        "--sandbox-network", choices=["on", "off"], default=None, help="off: no TCP, no listening"
+    )
+    call.add_argument(
+        "--sandbox-writable",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --sandbox workspace_write: another directory it may write (repeatable)",
+    )
 
     bench = sub.add_parser("bench", help="run the side-by-side benchmark suite")
     bench.add_argument(
@@ -140,8 +170,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="NAME,...",
         help=(
-            "run only these scenarios (transport, reqresp, process, streaming, scale, journal,"
-            " bigwrite, interactive, abuse, request_cost, peers)"
+            "run only these scenarios (transport, reqresp, process, sandbox, streaming, scale,"
+            " journal, bigwrite, interactive, abuse, request_cost, peers)"
         ),
     )
     bench.add_argument(
@@ -225,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         from dataclasses import replace
 
         from toolwire.actors.context import Limits
+        from toolwire.actors.sandbox_policy import SandboxPolicy
 
         chosen = {
             name: getattr(args, name)
@@ -256,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             allowed_origins=origins,
             sync=args.sync,
             limits=limits,
+            sandbox_floor=SandboxPolicy(args.sandbox, (), args.sandbox_network == "on"),
         )
         from toolwire.actors.journal import JournalError
 
@@ -273,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "call":
         from toolwire.cli.call import parse_args_json, read_token, run_call
+
+        if args.sandbox_writable and args.sandbox != "workspace_write":
+            print(
+                "toolwire call: --sandbox-writable needs --sandbox workspace_write",
+                file=sys.stderr,
+            )
+            return 2
         from toolwire.cli.serve import default_state_dir
 
         token = read_token(args.token, args.state_dir or default_state_dir())
@@ -286,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 call_id=args.call_id,
                 timeout_ms=args.timeout_ms,
                 as_json=args.json,
+                sandbox=_call_sandbox(args),
             )
         )
     if args.command == "schema":
@@ -323,6 +363,18 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     for exc in group.exceptions:
         leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return leaves
+
+
+def _call_sandbox(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `sandbox` field `toolwire call --sandbox...` asks for (None: none)."""
+    if args.sandbox is None and args.sandbox_network is None and not args.sandbox_writable:
+        return None
+    sandbox: dict[str, Any] = {"filesystem": args.sandbox or "full"}
+    if args.sandbox_writable:
+        sandbox["writable"] = list(args.sandbox_writable)
+    if args.sandbox_network is not None:
+        sandbox["network"] = args.sandbox_network == "on"
+    return sandbox
 
 
 def schema_text() -> str:

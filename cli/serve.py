@@ -18,6 +18,9 @@ from toolwire.actors.command_env import command_environment
 from toolwire.actors.context import Limits
 from toolwire.actors.journal import JournalError, open_journal
 from toolwire.actors.loop_priority import favour_the_event_loop
+from toolwire.actors.results import ToolwireError
+from toolwire.actors.sandbox import Enforcement
+from toolwire.actors.sandbox_policy import FULL, SandboxPolicy
 from toolwire.cli.agent_token import private_state_dir, resolve_token
 from toolwire.cli.private_process import forget_secrets, make_undumpable
 from toolwire.transport.server import Server, ServerConfig
@@ -46,6 +49,8 @@ class ServeOptions:
     allowed_origins: frozenset[str] = frozenset()
     sync: str = "full"  # the SQLite journal's synchronous level (actors.journal.SYNC_LEVELS)
     limits: Limits = field(default_factory=Limits)
+    # --sandbox / --sandbox-network: the floor of every call's sandbox (PROTOCOL.md 10.4).
+    sandbox_floor: SandboxPolicy = FULL
 
 
 def default_state_dir() -> Path:
@@ -100,7 +105,18 @@ async def serve(options: ServeOptions) -> None:
         )
     # A corrupt or unreadable journal raises JournalError here: the agent stops and says which
     # file, rather than starting empty and running again what already ran.
+    # A floor this machine cannot enforce stops the start: every command would be refused.
+    enforcement = Enforcement.probe()
+    try:
+        enforcement.check(options.sandbox_floor)
+    except ToolwireError as exc:
+        raise SystemExit(f"toolwire serve: --sandbox/--sandbox-network: {exc.message}") from None
     journal = open_journal(options.journal, state_dir, options.sync)
+    # What this machine can enforce, for the operator to check (docs/sandbox.md). Logged once
+    # the journal is open: a start that fails there says so in one line.
+    log.info(enforcement.describe(), extra={"sandbox": enforcement.limits()})
+    if not options.sandbox_floor.unrestricted:
+        log.info("sandbox floor", extra={"sandbox_floor": options.sandbox_floor.to_wire()})
     ctx = AgentContext(
         workspace=str(workspace),
         approve_tools=options.approve,
@@ -108,6 +124,8 @@ async def serve(options: ServeOptions) -> None:
         journal=journal,
         base_env=command_env,
         limits=options.limits,
+        sandbox_floor=options.sandbox_floor,
+        sandbox=enforcement,
     )
     agent = Agent(ctx)
     server = Server(

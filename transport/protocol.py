@@ -46,6 +46,7 @@ ErrorCode = Literal[
     "over_limit",
     "chat_closed",
     "internal",
+    "sandbox_unsupported",
 ]
 
 
@@ -78,6 +79,14 @@ class _AgentMessage(msgspec.Struct, tag_field="type", kw_only=True, omit_default
 # Client -> agent (PROTOCOL.md 3)
 
 
+class Sandbox(msgspec.Struct, kw_only=True):
+    """A call's sandbox (PROTOCOL.md 10.4): a field of the call, never of the tool's args."""
+
+    filesystem: Literal["read_only", "workspace_write", "full"] = "full"
+    writable: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
+    network: bool = True
+
+
 class Call(_ClientMessage, tag="call"):
     chat_id: ChatId
     call_id: CallId
@@ -87,6 +96,7 @@ class Call(_ClientMessage, tag="call"):
     background: bool = False
     approval: bool = False
     stream: bool = True
+    sandbox: Sandbox | None = None
 
 
 class Attach(_ClientMessage, tag="attach"):
@@ -125,6 +135,7 @@ class CallSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
     timeout_ms: NonNegativeInt | None = None
     background: bool = False
     approval: bool = False
+    sandbox: Sandbox | None = None
 
 
 class Turn(_ClientMessage, tag="turn"):
@@ -185,6 +196,11 @@ CLIENT_MESSAGE_TYPES: tuple[type[_ClientMessage], ...] = (
 # Agent -> client (PROTOCOL.md 4)
 
 
+class SandboxLimits(msgspec.Struct, kw_only=True):
+    filesystem: bool
+    network: bool
+
+
 class Limits(msgspec.Struct, kw_only=True):
     max_message_bytes: int
     output_retention_bytes: int
@@ -202,6 +218,8 @@ class Limits(msgspec.Struct, kw_only=True):
     max_records: int | None = None
     max_processes: int | None = None
     max_message_bytes_in_flight: int | None = None
+    # 1.2 (PROTOCOL.md 10.4): what this agent can enforce of a call's `sandbox`.
+    sandbox: SandboxLimits | None = None
 
 
 class Result(msgspec.Struct, kw_only=True):

@@ -54,6 +54,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         "tool": "execute",
         "args": {"command": "echo hello", "cwd": "src"},
         "timeout_ms": 60000,
+        "sandbox": {"filesystem": "workspace_write", "writable": ["/srv/cache"], "network": False},
     },
     "attach": {"type": "attach", "chat_id": "chat-7", "call_id": "call-1", "from_offset": 6},
     "detach": {"type": "detach", "chat_id": "chat-7", "call_id": "call-1"},
@@ -107,8 +108,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
             "max_records": 100000,
             "max_processes": 256,
             "max_message_bytes_in_flight": 67108864,
+            "sandbox": {"filesystem": True, "network": True},
         },
-        "features": list(protocol.FEATURES),
+        "features": [*protocol.FEATURES, "sandbox"],
     },
     "chat_closed": {
         "type": "chat_closed",
@@ -272,7 +274,13 @@ def render() -> str:
             tag = str(info.tag)
             out += [f"#### `{tag}`", "", *_table(cls), "", *_example(tag, cls, union), ""]
     out += ["### Nested objects", ""]
-    for cls in (protocol.CallSpec, protocol.Result, protocol.Limits):
+    for cls in (
+        protocol.CallSpec,
+        protocol.Result,
+        protocol.Limits,
+        protocol.Sandbox,
+        protocol.SandboxLimits,
+    ):
         out += [f"#### `{cls.__name__}`", "", *_table(cls), ""]
     out.append(END)
     return "\n".join(out)

@@ -43,6 +43,7 @@ from toolwire.transport.connection import DirectConnection, open_server_connecti
 from toolwire.transport.message_bytes import MessageBytes
 from toolwire.transport.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from toolwire.transport.metrics import MetricsPage
+from toolwire.transport.sandbox_field import call_sandbox
 
 log = logging.getLogger("toolwire.server")
 
@@ -373,14 +374,15 @@ class Session:
         limits = self.agent.ctx.limits.as_dict()
         # The grace is the agent's (AgentContext), not one of the request limits.
         limits["kill_grace_ms"] = round(self.agent.ctx.kill_grace_s * 1000)
+        enforceable = self.agent.ctx.sandbox.limits()
         welcome = protocol.Welcome(
             protocol=protocol.PROTOCOL_VERSION,
             agent_id=self.agent.agent_id,
             boot_id=self.agent.boot_id,
             encoding=self.codec.encoding,
             tools=self.agent.tools,
-            limits=protocol.Limits(**limits),
-            features=list(protocol.FEATURES),
+            limits=protocol.Limits(**limits, sandbox=protocol.SandboxLimits(**enforceable)),
+            features=list(protocol.FEATURES) + (["sandbox"] if any(enforceable.values()) else []),
         )
         try:
             await self.ws.send_message(self.codec.encode(welcome))
@@ -494,8 +496,16 @@ class Session:
         self.outbox.put(error)
 
     def _on_call(self, m: protocol.Call, fingerprint: bytes | None = None) -> None:
+        sandbox = call_sandbox(self.agent.ctx, m.tool, m.sandbox)
         spec = CallSpec(
-            m.call_id, m.tool, m.args, m.timeout_ms, m.background, m.approval, fingerprint
+            m.call_id,
+            m.tool,
+            m.args,
+            m.timeout_ms,
+            m.background,
+            m.approval,
+            fingerprint,
+            sandbox,
         )
         self.agent.call(self.outbox, m.chat_id, spec, stream=m.stream, rid=m.rid)
 
@@ -515,8 +525,18 @@ class Session:
         self, m: protocol.Turn, fingerprints: tuple[bytes | None, ...] | None = None
     ) -> None:
         made = fingerprints or (None,) * len(m.calls)
+        ctx = self.agent.ctx
         specs = [
-            CallSpec(c.call_id, c.tool, c.args, c.timeout_ms, c.background, c.approval, fp)
+            CallSpec(
+                c.call_id,
+                c.tool,
+                c.args,
+                c.timeout_ms,
+                c.background,
+                c.approval,
+                fp,
+                call_sandbox(ctx, c.tool, c.sandbox),
+            )
             for c, fp in zip(m.calls, made, strict=True)
         ]
         self.agent.turn(self.outbox, m.chat_id, m.turn_id, specs, stream=m.stream, rid=m.rid)

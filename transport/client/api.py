@@ -153,11 +153,16 @@ class ClientAPI:
         background: bool = False,
         approval: bool = False,
         stream: bool = True,
+        sandbox: protocol.Sandbox | dict[str, Any] | None = None,
     ) -> CallHandle:
         """Send `call` and return once it is `accepted`; raise RequestError on `error`.
 
         At most once per (chat_id, call_id): a repeat gets the same call's events and its
         saved result. `stream=False` asks only for accepted/approval/result (no output kept).
+        `sandbox` (PROTOCOL.md 10.4, e.g. `{"filesystem": "workspace_write", "network":
+        False}`) confines the command; where the agent's kernel cannot enforce it, this raises
+        RequestError("sandbox_unsupported") and nothing ran. It is part of what the call id
+        stands for: a repeat with another sandbox raises RequestError("conflict").
         """
         message = protocol.Call(
             rid=self._state.next_rid(),
@@ -169,6 +174,7 @@ class ClientAPI:
             background=background,
             approval=approval,
             stream=stream,
+            sandbox=None if sandbox is None else msgspec.convert(sandbox, protocol.Sandbox),
         )
         request = self._state.call(message)
         await self._roundtrip(request)
