@@ -326,21 +326,14 @@ def schema_text() -> str:
 def _with_tool_args(schema: dict[str, Any]) -> dict[str, Any]:
     """Add the args of every tool: a `call`'s `args` is any object on the wire (the agent checks
     it against the tool it names and answers `bad_args`), so the messages alone do not say what
-    a tool accepts. `$defs.ToolArgs` maps each tool name to the schema of its args."""
-    import msgspec
+    a tool accepts. `$defs.ToolArgs` maps each tool name to the schema of its args: the
+    self-contained `input_schema` that `describe_tools` sends (PROTOCOL.md 10.3)."""
+    from toolwire.actors.tools.registry import TOOLS, input_schema
 
-    from toolwire.actors.tools.registry import TOOLS
-
-    refs, components = msgspec.json.schema_components(
-        [tool.args_type for tool in TOOLS.values()], ref_template="#/$defs/{name}"
-    )
-    clash = set(components) & set(schema["$defs"])
-    assert not clash, f"tool args and messages share schema names: {sorted(clash)}"
-    schema["$defs"].update(components)
     schema["$defs"]["ToolArgs"] = {
         "description": "The `args` of a `call` (or a turn's call), by the tool it names.",
         "type": "object",
-        "properties": dict(zip(TOOLS, refs, strict=True)),
+        "properties": {name: input_schema(tool) for name, tool in TOOLS.items()},
     }
     return schema
 

@@ -552,7 +552,7 @@ class World:
             if event is None or not conn.alive:
                 continue
             trace.append((EV, trio.current_time(), conn.id, event))
-            inbox = conn.routes.get(event.chat_id or "")
+            inbox = conn.routes.get(_chat_of(event))
             if inbox is not None:
                 inbox.put(event)
             if conn.delay:
@@ -588,7 +588,7 @@ class World:
                 continue
             for event in outbox.take(conn.batch):
                 trace.append((EV, now, conn.id, event))
-                inbox = conn.routes.get(event.chat_id or "")
+                inbox = conn.routes.get(_chat_of(event))
                 if inbox is not None:
                     inbox.put(event)
             if conn.delay:
@@ -765,3 +765,11 @@ class World:
             conn.alive = False
             self.trace.add(CLOSE, now, conn.id)
             self._close_transport(conn)
+
+
+def _chat_of(event: events.Event) -> str:
+    """The chat an event is routed to: "" for the replies that name none (`tool_definitions`:
+    the simulation never asks for it)."""
+    if isinstance(event, events.ToolDefinitionsEvent):
+        return ""
+    return event.chat_id or ""

@@ -40,7 +40,7 @@ from toolwire.actors.tools.files import (
     FileEdits,
     ReadFileArgs,
     WriteFileArgs,
-    check_args,
+    check_write_file,
     edit_files,
     read_file,
     write_file,
@@ -106,9 +106,9 @@ def test_a_malformed_expected_sha256_is_bad_args_naming_the_field(bad: str) -> N
         parse_args(TOOLS["edit_files"], {"files": [entry, entry | {"expected_sha256": bad}]})
     assert info.value.code == "bad_args"
     assert "args.files[1].expected_sha256" in info.value.message
-    # A Struct built by hand skips msgspec's pattern; check_args still refuses it.
+    # A Struct built by hand skips msgspec's pattern; its check still refuses it.
     with pytest.raises(ValueError, match=r"^args\.expected_sha256: must be 64 hex digits"):
-        check_args(WriteFileArgs(path="a", content="", expected_sha256=bad))
+        check_write_file(WriteFileArgs(path="a", content="", expected_sha256=bad))
 
 
 def test_a_digest_in_capitals_is_the_same_digest(ws: Path) -> None:
