@@ -1,4 +1,4 @@
-"""The `toolwire` command: serve, call, schema."""
+"""The `toolwire` command: serve, call, tools, schema."""
 
 from __future__ import annotations
 
@@ -124,6 +124,21 @@ def _build_parser() -> argparse.ArgumentParser:
     call.add_argument("--call-id", default=None, help="default: a new UUID")
     call.add_argument("--timeout-ms", type=int, default=None)
     call.add_argument("--json", action="store_true", help="print the Result as JSON")
+
+    tools = sub.add_parser(
+        "tools", help="print the agent's tool definitions for a model API (describe_tools)"
+    )
+    tools.add_argument(
+        "--format",
+        choices=["json", "openai", "anthropic"],
+        default="json",
+        help="json: toolwire's own {name, description, input_schema, effect}; openai: "
+        "function tools {type, function: {name, description, parameters}}; anthropic: "
+        "{name, description, input_schema}",
+    )
+    tools.add_argument("--url", default="ws://127.0.0.1:7411/v1")
+    tools.add_argument("--token", default=None, help="default: TOOLWIRE_TOKEN, else the state dir")
+    tools.add_argument("--state-dir", type=Path, default=None)
 
     bench = sub.add_parser("bench", help="run the side-by-side benchmark suite")
     bench.add_argument(
@@ -281,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
                 as_json=args.json,
             )
         )
+    if args.command == "tools":
+        from toolwire.cli.call import read_token
+        from toolwire.cli.serve import default_state_dir
+        from toolwire.cli.tools import run_tools
+
+        token = read_token(args.token, args.state_dir or default_state_dir())
+        return trio.run(run_tools, args.url, token, args.format)
     if args.command == "schema":
         text = schema_text()
         if args.doc is not None:
