@@ -104,7 +104,10 @@ LineNumber = Annotated[int, msgspec.Meta(ge=1)]
 
 # `expected_sha256` (PROTOCOL.md 9.4): the file must not exist, or its bytes must hash to this.
 ABSENT = "absent"
-_EXPECTED_SHA256_PATTERN = f"^(?:{ABSENT}|[0-9a-fA-F]{{64}})$"
+# Ends in "not followed by any character", not `$`: Python's `$` (msgspec's, and Python
+# validators') also matches before a final newline, ECMA-262's (JSON Schema's) does not; the
+# lookahead means the end of the string in both, so the schema and the agent agree exactly.
+_EXPECTED_SHA256_PATTERN = rf"^(?:{ABSENT}|[0-9a-fA-F]{{64}})(?![\s\S])"
 ExpectedSha256 = Annotated[
     Annotated[str, msgspec.Meta(pattern=_EXPECTED_SHA256_PATTERN)] | None,
     msgspec.Meta(
