@@ -18,7 +18,7 @@ from tests.clientshells import SHELLS, Shell
 from tests.conftest import LiveServer
 from tests.test_serve import ROOT, serve
 from toolwire.actors.tools.registry import TOOLS, input_schema
-from toolwire.transport import protocol
+from toolwire.transport import protocol, reference
 
 TEST_DEADLINE_S = 20.0
 
@@ -37,6 +37,9 @@ async def test_the_agent_describes_every_tool_of_its_welcome_in_order(
     assert reply["type"] == "tool_definitions" and reply["rid"] == "d-1"
     assert "rid" not in bare and bare["tools"] == reply["tools"]
     assert [tool["name"] for tool in reply["tools"]] == conn.welcome["tools"]
+    # The docs' welcome example lists what a live agent sends (transport/reference.py).
+    assert reference.EXAMPLES["welcome"]["tools"] == conn.welcome["tools"]
+    assert reference.EXAMPLES["welcome"]["features"] == conn.welcome["features"]
     for tool in reply["tools"]:
         assert set(tool) == {"name", "description", "input_schema", "effect"}
         entry = TOOLS[tool["name"]]

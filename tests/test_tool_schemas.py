@@ -163,6 +163,20 @@ def test_args_valid_against_the_schema_are_taken(case: tuple[str, dict[str, Any]
     tool, args = case
     VALIDATORS[tool].validate(args)  # the generator makes what the schema says
     assert _accepts(tool, args)
+    # The whole check refuses such args only for a rule about content, never about shape
+    # (the rules docs/protocol.md lists beside the schema).
+    try:
+        parse_args(TOOLS[tool], args)
+    except ToolwireError as exc:
+        assert exc.code == "bad_args"
+        assert any(rule in exc.message for rule in CONTENT_RULES), exc.message
+
+
+CONTENT_RULES = (
+    "must not contain a NUL character",
+    "must be non-empty, without `=` or NUL",
+    "must hold printable characters only",
+)
 
 
 @settings(max_examples=1500, deadline=None)
