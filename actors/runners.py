@@ -53,8 +53,10 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 
 
 def _as(args: msgspec.Struct, args_type: type[_S]) -> _S:
-    """The args of a process op as the type its function takes: the registry pairs each op
-    with that args type (tests/test_registry.py runs every tool through it)."""
+    """The args of a process op as the type its function takes. The registry pairs each op
+    with that args type; an entry that paired it with another fails here, on the tool's first
+    call (live tests make one of each: process_signal in tests/test_semantics.py,
+    process_resize in tests/test_interactive.py)."""
     if not isinstance(args, args_type):
         raise TypeError(f"expected {args_type.__name__}, got {type(args).__name__}")
     return args
