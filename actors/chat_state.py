@@ -135,9 +135,14 @@ from toolwire.actors.results import (
 )
 from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.tools.execute import ExecuteArgs
-from toolwire.actors.tools.files import SearchFilesArgs
-from toolwire.actors.tools.process_args import ProcessInputArgs, ProcessOutputArgs
-from toolwire.actors.tools.registry import TOOLS, ToolDef, ToolKind, lookup, parse_args
+from toolwire.actors.tools.registry import (
+    TOOLS,
+    ToolDef,
+    ToolKind,
+    lookup,
+    parse_args,
+    reserves_of,
+)
 
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
 # chat (ten thousand idle chats). Nothing is added to them outside `handle`.
@@ -337,7 +342,7 @@ class _ReplyBook:
 def _stoppable(tool: ToolDef) -> bool:
     """A wait a cancel can end (`process_output`, `process_input`), or a search (it reads
     only, and stops between blocks of lines when told to): it runs as a task."""
-    return issubclass(tool.args_type, ProcessOutputArgs | ProcessInputArgs | SearchFilesArgs)
+    return tool.stoppable
 
 
 def _runs_on_loop(tool: ToolDef) -> bool:
@@ -699,7 +704,7 @@ class ChatState:
         fingerprints = check_new_turn(self.records, specs)
         self._check_room_for_records(sum(1 for s in specs if self.records.get(s.call_id) is None))
         segments = planner.plan_segments(
-            [planner.PlannedCall(s.call_id, s.tool, s.args) for s in specs],
+            [planner.PlannedCall(s.call_id, reserves_of(s.tool), s.args) for s in specs],
             self.config.workspace,
         )
         call_ids = [s.call_id for s in specs]

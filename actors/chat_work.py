@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -48,6 +49,7 @@ from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import execute as execute_tool
 from toolwire.actors.tools import files as file_tools
 from toolwire.actors.tools import process_tools, write_scope
+from toolwire.actors.tools.registry import TOOLS, ProcessOp, StoppableOnThread
 
 log = logging.getLogger("toolwire.chat")
 
@@ -63,7 +65,7 @@ def run_on_loop(
     call" benchmark). Nothing of it outlives the call, so it needs no `ChatWork`: the shell
     runs it without making one (a chat that only reads would make and drop one per call)."""
     try:
-        report = runners.run_tool(effect.args, ctx.workspace, table)
+        report = runners.run_tool(TOOLS[effect.tool], effect.args, ctx.workspace, table)
     except Exception:
         log.exception(
             "tool %s failed", effect.tool, extra={"chat_id": chat_id, "call_id": effect.call_id}
@@ -125,37 +127,45 @@ class ChatWork:
         if effect.on_loop:
             run_on_loop(effect, self.chat_id, self.ctx, self.processes, self._feed)
             return
+        tool = TOOLS[effect.tool]
         scope = trio.CancelScope()
         args = effect.args
-        if isinstance(args, process_tools.ProcessInputArgs):
-            # Joins its process's queue now, synchronously: inputs write in the order their
-            # calls started (their start rows' order), never in the order tasks get to run.
-            ticket = stdin.join_input(self.processes, args.process_id)
-            self._stoppable[effect.call_id] = scope
-            self._spawn(self._input_task, effect.call_id, args, ticket, scope)
-            return
-        if isinstance(args, file_tools.SearchFilesArgs):
-            # Registered now: a cancel may come before the task runs.
-            stop = self._searches[effect.call_id] = threading.Event()
-            self._spawn(self._search_task, effect.call_id, args, stop)
-            return
-        if isinstance(args, process_tools.ProcessOutputArgs):
-            self._stoppable[effect.call_id] = scope
-        self._spawn(self._run_tool_task, effect, scope)
+        match tool.run:
+            case ProcessOp.INPUT:
+                assert isinstance(args, process_tools.ProcessInputArgs)
+                # Joins its process's queue now, synchronously: inputs write in the order their
+                # calls started (their start rows' order), never in the order tasks get to run.
+                ticket = stdin.join_input(self.processes, args.process_id)
+                self._stoppable[effect.call_id] = scope
+                self._spawn(self._input_task, effect.call_id, args, ticket, scope)
+            case StoppableOnThread() as work:
+                # Registered now: a cancel may come before the task runs.
+                stop = self._searches[effect.call_id] = threading.Event()
+                self._spawn(self._stoppable_file_task, effect, work, stop)
+            case ProcessOp.OUTPUT:
+                self._stoppable[effect.call_id] = scope
+                self._spawn(self._run_tool_task, effect, scope)
+            case _:
+                self._spawn(self._run_tool_task, effect, scope)
 
-    async def _search_task(
-        self, call_id: str, args: file_tools.SearchFilesArgs, stop: threading.Event
+    async def _stoppable_file_task(
+        self, effect: RunTool, work: StoppableOnThread[Any], stop: threading.Event
     ) -> None:
-        """A search on a worker thread: a cancel (`stop_run`) stops it between two blocks of
-        lines, and it ends `canceled`; one that ended first keeps its real result."""
+        """File work on a worker thread (a search): a cancel (`stop_run`) stops it between two
+        blocks of work, and it ends `canceled`; one that ended first keeps its real result."""
+        call_id = effect.call_id
         try:
-            report = await runners.search_in_thread(args, self.ctx.workspace, stop)
+            report = await runners.run_stoppable_in_thread(
+                work, effect.args, self.ctx.workspace, stop
+            )
         except file_tools.SearchStopped:
             self._feed(ToolStopped(call_id))
             return
         except Exception:
             log.exception(
-                "tool search_files failed", extra={"chat_id": self.chat_id, "call_id": call_id}
+                "tool %s failed",
+                effect.tool,
+                extra={"chat_id": self.chat_id, "call_id": call_id},
             )
             self._feed(ToolFailed(call_id))
             return
@@ -190,13 +200,15 @@ class ChatWork:
     async def _run_tool_task(self, effect: RunTool, scope: trio.CancelScope) -> None:
         try:
             with scope:
-                if isinstance(effect.args, process_tools.ProcessOutputArgs):
+                tool = TOOLS[effect.tool]
+                if tool.run is ProcessOp.OUTPUT:
+                    assert isinstance(effect.args, process_tools.ProcessOutputArgs)
                     report = await runners.wait_for_process(
                         self.processes, effect.args, self.ctx.limits.max_wait_ms
                     )
                 else:
                     report = await runners.run_tool_in_thread(
-                        effect.args, self.ctx.workspace, self.processes
+                        tool, effect.args, self.ctx.workspace, self.processes
                     )
         except Exception:
             log.exception(

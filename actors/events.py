@@ -93,6 +93,14 @@ class ChatClosedEvent(msgspec.Struct, frozen=True):
     rid: Rid = None
 
 
+class ToolDefinitionsEvent(msgspec.Struct, frozen=True):
+    """The reply to `describe_tools` (PROTOCOL.md 10.3): the named tools, in that order, as
+    the registry defines them."""
+
+    tools: list[str]
+    rid: Rid = None
+
+
 class ErrorEvent(msgspec.Struct, frozen=True):
     code: str
     message: str
@@ -113,5 +121,6 @@ Event = (
     | TurnResultEvent
     | InterruptedEvent
     | ChatClosedEvent
+    | ToolDefinitionsEvent
     | ErrorEvent
 )

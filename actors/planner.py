@@ -8,10 +8,11 @@ concurrently, and the segments run one after another. Flattening the segments gi
 request order exactly, so a sequential reading of the turn is always a correct explanation of
 what happened.
 
-Each call gets a `Reservation`:
+Each call gets a `Reservation`, read from its args by its tool's role (`Reserves`), which the
+tool's registry entry names (actors/tools/registry.py; this module knows no tool by name):
 
-- readers (`read_file`, `search_files`) reserve their path in shared mode: two reads of one
-  file never disturb each other, so they never conflict;
+- readers (`read_file`, `search_files`, `list_dir`) reserve their path in shared mode: two
+  reads of one file never disturb each other, so they never conflict;
 - writers (`write_file`, `edit_files`) reserve every path they touch exclusively: a write must
   not overlap a read (the reader could see the old or the new content, depending on timing) or
   another write (the last one to finish would win, whatever the request order said);
@@ -47,9 +48,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-READER_TOOLS = frozenset({"read_file", "search_files", "process_list", "process_output"})
-WRITER_TOOLS = frozenset({"write_file", "edit_files"})
-
 # How many calls of one segment run at once. Hermes runs parallel batches on 8 workers, and
 # models rarely ask for more than a handful of calls per message; 8 keeps a big batch of reads
 # from opening hundreds of files (and threads) at once while still hiding most latency. The
@@ -57,30 +55,56 @@ WRITER_TOOLS = frozenset({"write_file", "edit_files"})
 # the executor drains 8 at a time, so the plan stays a pure function of reservations.
 MAX_PARALLEL_CALLS = 8
 
-# Tools that act on a running command: they run alone in their segment. Every tool outside
-# READER_TOOLS and WRITER_TOOLS is a barrier anyway; these are named so that the rule for them
-# is a decision, not an accident of the default.
-BARRIER_TOOLS = frozenset({"execute", "process_signal", "process_input", "process_resize"})
-
-# Reader tools that touch no path at all: they read the agent's process table.
-_PROCESS_TOOLS = frozenset({"process_list", "process_output"})
-
-
-class PlannedCall(NamedTuple):
-    """What the planner needs of one call of a turn."""
-
-    call_id: str
-    tool: str
-    # Normally a dict (the call's `args` object). Anything else (a list, None, a string) makes
-    # the call a barrier: the tool will reject it, and we do not guess what it would touch.
-    args: object
-
 
 class Access(enum.Enum):
     READ = "read"  # shared: conflicts only with an overlapping WRITE
     WRITE = "write"  # exclusive: conflicts with any overlapping READ or WRITE
     NONE = "none"  # process tools: reserve nothing, never conflict with a READ, WRITE or NONE
     BARRIER = "barrier"  # runs alone: conflicts with everything
+
+
+@dataclass(frozen=True, slots=True)
+class Reserves:
+    """A tool's role in a turn: how the planner reads a call's args into a `Reservation`. Each
+    tool's entry in the registry (actors/tools/registry.py) names its role; a tool the
+    registry does not know is a barrier (`BARRIER`).
+
+    READ and WRITE reserve the path in `args[path_arg]` (a non-empty string), or, with
+    `each_in`, the `path_arg` of every object of the list `args[each_in]` (edit_files);
+    `default_path` is the path reserved when the arg is absent or null (the workspace root of
+    a search). NONE and BARRIER read no args."""
+
+    access: Access
+    path_arg: str = "path"
+    default_path: str | None = None
+    each_in: str | None = None
+
+
+def reader(path_arg: str = "path", *, default: str | None = None) -> Reserves:
+    """Reads the path in `args[path_arg]` (or `default` when absent): shared with readers."""
+    return Reserves(Access.READ, path_arg, default)
+
+
+def writer(path_arg: str = "path", *, each_in: str | None = None) -> Reserves:
+    """Writes the path in `args[path_arg]` (or of each entry of `args[each_in]`): exclusive."""
+    return Reserves(Access.WRITE, path_arg, None, each_in)
+
+
+# Touches no file (the process table's readers): never conflicts.
+NOTHING = Reserves(Access.NONE)
+# May touch anything (a command, what acts on one, a tool the planner does not know): alone.
+BARRIER = Reserves(Access.BARRIER)
+
+
+class PlannedCall(NamedTuple):
+    """What the planner needs of one call of a turn."""
+
+    call_id: str
+    # The tool's role, from the registry (BARRIER for a tool it does not know).
+    reserves: Reserves
+    # Normally a dict (the call's `args` object). Anything else (a list, None, a string) makes
+    # the call a barrier: the tool will reject it, and we do not guess what it would touch.
+    args: object
 
 
 @dataclass(frozen=True)
@@ -126,33 +150,31 @@ def _path_arg(args: Mapping[object, object], key: str) -> str | None:
     return None
 
 
-def _edit_paths(args: Mapping[object, object]) -> list[str] | None:
-    """Every `files[i].path` of an edit_files call, or None when `files` is malformed."""
-    files = args.get("files")
-    if not isinstance(files, list) or not files:
+def _each_path(args: Mapping[object, object], each_in: str, key: str) -> list[str] | None:
+    """Every `args[each_in][i][key]` (edit_files' `files[i].path`), or None when malformed."""
+    entries = args.get(each_in)
+    if not isinstance(entries, list) or not entries:
         return None
     paths: list[str] = []
-    for entry in files:
+    for entry in entries:
         if not isinstance(entry, dict):
             return None
-        path = _path_arg(entry, "path")
+        path = _path_arg(entry, key)
         if path is None:
             return None
         paths.append(path)
     return paths
 
 
-def _raw_paths(tool: str, args: Mapping[object, object]) -> list[str] | None:
+def _raw_paths(role: Reserves, args: Mapping[object, object]) -> list[str] | None:
     """The uncanonicalised paths a READ or WRITE call touches, or None to make it a barrier."""
-    if tool == "search_files" and args.get("path") is None:
-        # Searching without a path searches the whole workspace (PROTOCOL.md section 8).
-        return ["."]
-    if tool in ("read_file", "search_files", "write_file"):
-        path = _path_arg(args, "path")
-        return None if path is None else [path]
-    if tool == "edit_files":
-        return _edit_paths(args)
-    return None
+    if role.each_in is not None:
+        return _each_path(args, role.each_in, role.path_arg)
+    if role.default_path is not None and args.get(role.path_arg) is None:
+        # A search or listing without a path covers the whole workspace (PROTOCOL.md 8, 10.5).
+        return [role.default_path]
+    path = _path_arg(args, role.path_arg)
+    return None if path is None else [path]
 
 
 def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
@@ -161,16 +183,13 @@ def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
     Anything the planner cannot read with certainty becomes a barrier, because a barrier is
     always safe: at worst it costs parallelism, never correctness.
     """
-    if call.tool in BARRIER_TOOLS or (
-        call.tool not in READER_TOOLS and call.tool not in WRITER_TOOLS
-    ):
-        # Commands, what acts on them, and tools we do not know: they may touch anything.
+    role = call.reserves
+    if role.access is Access.BARRIER or not isinstance(call.args, dict):
+        # Commands, what acts on them, tools we do not know, args that are not an object.
         return _BARRIER
-    if not isinstance(call.args, dict):
-        return _BARRIER
-    if call.tool in _PROCESS_TOOLS:
+    if role.access is Access.NONE:
         return _NOTHING
-    raw = _raw_paths(call.tool, call.args)
+    raw = _raw_paths(role, call.args)
     if raw is None:
         return _BARRIER
     try:
@@ -179,8 +198,7 @@ def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
     except (ValueError, OSError):
         # A NUL byte or a path the OS refuses to look at: the tool will fail on it anyway.
         return _BARRIER
-    access = Access.WRITE if call.tool in WRITER_TOOLS else Access.READ
-    return Reservation(access, paths)
+    return Reservation(role.access, paths)
 
 
 def _overlaps(a: str, b: str) -> bool:

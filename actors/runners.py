@@ -6,9 +6,9 @@ back to `ChatState` as an input.
 
 from __future__ import annotations
 
-import functools
 import signal
 import threading
+from typing import Any, TypeVar, assert_never
 
 import msgspec
 import trio
@@ -16,43 +16,65 @@ import trio
 from toolwire.actors import processes
 from toolwire.actors.effects import ProcessSnapshot
 from toolwire.actors.results import ToolReport
-from toolwire.actors.tools import files as file_tools
 from toolwire.actors.tools import process_tools
+from toolwire.actors.tools.process_args import ProcessResizeArgs, ProcessSignalArgs
+from toolwire.actors.tools.registry import (
+    OnLoop,
+    OnThread,
+    ProcessOp,
+    Spawns,
+    StoppableOnThread,
+    ToolDef,
+)
 
 
-def run_tool(args: msgspec.Struct, workspace: str, table: processes.ProcessTable) -> ToolReport:
-    """A file or process tool's work itself, by its parsed args: on the loop for the short
-    ones, on a worker thread (the caller's choice) for the rest."""
-    if isinstance(args, file_tools.ReadFileArgs):
-        return file_tools.read_file(workspace, args)
-    if isinstance(args, file_tools.WriteFileArgs):
-        return file_tools.write_file(workspace, args)
-    if isinstance(args, file_tools.EditFilesArgs):
-        return file_tools.edit_files(workspace, args)
-    if isinstance(args, file_tools.SearchFilesArgs):
-        return file_tools.search_files(workspace, args)
-    if isinstance(args, process_tools.ProcessSignalArgs):
-        return process_tools.process_signal(table, args)
-    if isinstance(args, process_tools.ProcessListArgs):
-        return process_tools.process_list(table)
-    if isinstance(args, process_tools.ProcessResizeArgs):
-        return process_tools.process_resize(table, args)
-    raise AssertionError(f"no runner for {type(args).__name__}")
+def run_tool(
+    tool: ToolDef, args: msgspec.Struct, workspace: str, table: processes.ProcessTable
+) -> ToolReport:
+    """A file or process tool's work itself, as its registry entry says: on the loop for the
+    short ones, on a worker thread (the caller's choice) for file work. The waits a cancel can
+    end (`process_output`, `process_input`, a stoppable search) have runners of their own."""
+    match tool.run:
+        case OnLoop(run=run) | OnThread(run=run):
+            return run(workspace, args)
+        case ProcessOp.SIGNAL:
+            return process_tools.process_signal(table, _as(args, ProcessSignalArgs))
+        case ProcessOp.LIST:
+            return process_tools.process_list(table)
+        case ProcessOp.RESIZE:
+            return process_tools.process_resize(table, _as(args, ProcessResizeArgs))
+        case StoppableOnThread() | ProcessOp.OUTPUT | ProcessOp.INPUT | Spawns.COMMAND:
+            raise TypeError(f"{tool.name} does not run as a plain call")
+        case unmatched:
+            assert_never(unmatched)
+
+
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+
+def _as(args: msgspec.Struct, args_type: type[_S]) -> _S:
+    """The args of a process op as the type its function takes. The registry pairs each op
+    with that args type; an entry that paired it with another fails here, on the tool's first
+    call (live tests make one of each: process_signal in tests/test_semantics.py,
+    process_resize in tests/test_interactive.py)."""
+    if not isinstance(args, args_type):
+        raise TypeError(f"expected {args_type.__name__}, got {type(args).__name__}")
+    return args
 
 
 async def run_tool_in_thread(
-    args: msgspec.Struct, workspace: str, table: processes.ProcessTable
+    tool: ToolDef, args: msgspec.Struct, workspace: str, table: processes.ProcessTable
 ) -> ToolReport:
-    return await trio.to_thread.run_sync(run_tool, args, workspace, table)
+    return await trio.to_thread.run_sync(run_tool, tool, args, workspace, table)
 
 
-async def search_in_thread(
-    args: file_tools.SearchFilesArgs, workspace: str, stop: threading.Event
+async def run_stoppable_in_thread(
+    work: StoppableOnThread[Any], args: msgspec.Struct, workspace: str, stop: threading.Event
 ) -> ToolReport:
-    """search_files on a worker thread; once `stop` is set it ends within a block of lines,
-    raising SearchStopped. RE2 releases the GIL while it matches, so the loop runs meanwhile."""
-    search = functools.partial(file_tools.search_files, workspace, args, should_stop=stop.is_set)
-    return await trio.to_thread.run_sync(search)
+    """Stoppable file work (search_files) on a worker thread; once `stop` is set it ends
+    within a block of work, raising SearchStopped. RE2 releases the GIL while it matches, so
+    the loop runs meanwhile."""
+    return await trio.to_thread.run_sync(work.run, workspace, args, stop.is_set)
 
 
 async def wait_for_process(

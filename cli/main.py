@@ -1,4 +1,4 @@
-"""The `toolwire` command: serve, call, schema."""
+"""The `toolwire` command: serve, call, tools, schema."""
 
 from __future__ import annotations
 
@@ -154,6 +154,21 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="with --sandbox workspace_write: another directory it may write (repeatable)",
     )
+
+    tools = sub.add_parser(
+        "tools", help="print the agent's tool definitions for a model API (describe_tools)"
+    )
+    tools.add_argument(
+        "--format",
+        choices=["json", "openai", "anthropic"],
+        default="json",
+        help="json: toolwire's own {name, description, input_schema, effect}; openai: "
+        "function tools {type, function: {name, description, parameters}}; anthropic: "
+        "{name, description, input_schema}",
+    )
+    tools.add_argument("--url", default="ws://127.0.0.1:7411/v1")
+    tools.add_argument("--token", default=None, help="default: TOOLWIRE_TOKEN, else the state dir")
+    tools.add_argument("--state-dir", type=Path, default=None)
 
     bench = sub.add_parser("bench", help="run the side-by-side benchmark suite")
     bench.add_argument(
@@ -328,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
                 sandbox=_call_sandbox(args),
             )
         )
+    if args.command == "tools":
+        from toolwire.cli.call import read_token
+        from toolwire.cli.serve import default_state_dir
+        from toolwire.cli.tools import run_tools
+
+        token = read_token(args.token, args.state_dir or default_state_dir())
+        return trio.run(run_tools, args.url, token, args.format)
     if args.command == "schema":
         text = schema_text()
         if args.doc is not None:
@@ -386,21 +408,14 @@ def schema_text() -> str:
 def _with_tool_args(schema: dict[str, Any]) -> dict[str, Any]:
     """Add the args of every tool: a `call`'s `args` is any object on the wire (the agent checks
     it against the tool it names and answers `bad_args`), so the messages alone do not say what
-    a tool accepts. `$defs.ToolArgs` maps each tool name to the schema of its args."""
-    import msgspec
+    a tool accepts. `$defs.ToolArgs` maps each tool name to the schema of its args: the
+    self-contained `input_schema` that `describe_tools` sends (PROTOCOL.md 10.3)."""
+    from toolwire.actors.tools.registry import TOOLS, input_schema
 
-    from toolwire.actors.tools.registry import TOOLS
-
-    refs, components = msgspec.json.schema_components(
-        [tool.args_type for tool in TOOLS.values()], ref_template="#/$defs/{name}"
-    )
-    clash = set(components) & set(schema["$defs"])
-    assert not clash, f"tool args and messages share schema names: {sorted(clash)}"
-    schema["$defs"].update(components)
     schema["$defs"]["ToolArgs"] = {
         "description": "The `args` of a `call` (or a turn's call), by the tool it names.",
         "type": "object",
-        "properties": dict(zip(TOOLS, refs, strict=True)),
+        "properties": {name: input_schema(tool) for name, tool in TOOLS.items()},
     }
     return schema
 

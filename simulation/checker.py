@@ -57,6 +57,7 @@ from toolwire.actors.results import (
     Result,
     text_killed_after,
 )
+from toolwire.actors.tools.registry import reserves_of
 from toolwire.simulation.checks_interactive import check_interactive
 from toolwire.simulation.processes import CRASH_KILL, SPAWN_OSERROR, SPAWN_RAISES, SimProcess
 from toolwire.simulation.scenario import EPOCH_MS, CallPlan
@@ -1040,7 +1041,7 @@ class Checker:
             return
         res = {
             c: planner.reservation_for(
-                planner.PlannedCall(c, specs[c].tool, specs[c].args), self.workspace
+                planner.PlannedCall(c, reserves_of(specs[c].tool), specs[c].args), self.workspace
             )
             for c in call_ids
         }

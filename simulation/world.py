@@ -15,6 +15,7 @@ simulated process backend records every process start, and the file tools `write
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ from toolwire.actors.chat_state import ChatState
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files as file_tools
+from toolwire.actors.tools import registry
 from toolwire.simulation.journal import SimJournal
 from toolwire.simulation.processes import Script, SimBackend, SimProcess
 from toolwire.simulation.scenario import EPOCH_MS, CallPlan, Plan
@@ -177,6 +179,9 @@ def quiet_runtime_logs() -> Iterator[None]:
 _ACTIVE: World | None = None
 _REAL_WRITE = file_tools.write_file
 _REAL_EDIT = file_tools.edit_files
+# The writers' registry entries: while a world runs, the same entries with the wrapped runs
+# (the chat finds a tool's run in the registry, actors/tools/registry.py).
+_REAL_ENTRIES = {name: registry.TOOLS[name] for name in ("write_file", "edit_files")}
 _REAL_TO_THREAD = trio.to_thread.run_sync
 
 # Virtual seconds a worker thread's run takes (see `World.thread_hop`): a write with its two
@@ -228,16 +233,19 @@ def instrumented(world: World) -> Iterator[None]:
     global _ACTIVE
     previous = _ACTIVE
     _ACTIVE = world
-    file_tools.write_file = _sim_write_file
-    file_tools.edit_files = _sim_edit_files
+    registry.TOOLS["write_file"] = dataclasses.replace(
+        _REAL_ENTRIES["write_file"], run=registry.OnThread(_sim_write_file)
+    )
+    registry.TOOLS["edit_files"] = dataclasses.replace(
+        _REAL_ENTRIES["edit_files"], run=registry.OnThread(_sim_edit_files)
+    )
     trio.to_thread.run_sync = _sim_to_thread  # type: ignore[assignment]
     try:
         yield
     finally:
         _ACTIVE = previous
         if previous is None:
-            file_tools.write_file = _REAL_WRITE
-            file_tools.edit_files = _REAL_EDIT
+            registry.TOOLS.update(_REAL_ENTRIES)
             trio.to_thread.run_sync = _REAL_TO_THREAD
 
 
@@ -552,7 +560,7 @@ class World:
             if event is None or not conn.alive:
                 continue
             trace.append((EV, trio.current_time(), conn.id, event))
-            inbox = conn.routes.get(event.chat_id or "")
+            inbox = conn.routes.get(_chat_of(event))
             if inbox is not None:
                 inbox.put(event)
             if conn.delay:
@@ -588,7 +596,7 @@ class World:
                 continue
             for event in outbox.take(conn.batch):
                 trace.append((EV, now, conn.id, event))
-                inbox = conn.routes.get(event.chat_id or "")
+                inbox = conn.routes.get(_chat_of(event))
                 if inbox is not None:
                     inbox.put(event)
             if conn.delay:
@@ -765,3 +773,11 @@ class World:
             conn.alive = False
             self.trace.add(CLOSE, now, conn.id)
             self._close_transport(conn)
+
+
+def _chat_of(event: events.Event) -> str:
+    """The chat an event is routed to: "" for the replies that name none (`tool_definitions`:
+    the simulation never asks for it)."""
+    if isinstance(event, events.ToolDefinitionsEvent):
+        return ""
+    return event.chat_id or ""

@@ -40,7 +40,7 @@ from toolwire.actors.tools.files import (
     FileEdits,
     ReadFileArgs,
     WriteFileArgs,
-    check_args,
+    check_write_file,
     edit_files,
     read_file,
     write_file,
@@ -106,9 +106,9 @@ def test_a_malformed_expected_sha256_is_bad_args_naming_the_field(bad: str) -> N
         parse_args(TOOLS["edit_files"], {"files": [entry, entry | {"expected_sha256": bad}]})
     assert info.value.code == "bad_args"
     assert "args.files[1].expected_sha256" in info.value.message
-    # A Struct built by hand skips msgspec's pattern; check_args still refuses it.
+    # A Struct built by hand skips msgspec's pattern; its check still refuses it.
     with pytest.raises(ValueError, match=r"^args\.expected_sha256: must be 64 hex digits"):
-        check_args(WriteFileArgs(path="a", content="", expected_sha256=bad))
+        check_write_file(WriteFileArgs(path="a", content="", expected_sha256=bad))
 
 
 def test_a_digest_in_capitals_is_the_same_digest(ws: Path) -> None:
@@ -640,15 +640,17 @@ def test_the_published_schema_has_expected_sha256_as_the_agent_checks_it() -> No
     schema = json.loads(
         (Path(__file__).parent.parent / "docs" / "protocol.schema.json").read_text()
     )
-    defs = schema["$defs"]
-    write_ref = defs["ToolArgs"]["properties"]["write_file"]["$ref"]
-    write_args = defs[write_ref.rsplit("/", 1)[1]]
+    tools = schema["$defs"]["ToolArgs"]["properties"]  # each self-contained (PROTOCOL 10.3)
+    write_args = tools["write_file"]
     [digest] = [s for s in write_args["properties"]["expected_sha256"]["anyOf"] if "pattern" in s]
-    edit_entry = defs["FileEdits"]["properties"]["expected_sha256"]["anyOf"]
+    entry = tools["edit_files"]["properties"]["files"]["items"]
+    edit_entry = entry["properties"]["expected_sha256"]["anyOf"]
     assert digest in edit_entry
     # JSON Schema patterns are ECMA-262 regexes, where `^...$` spans the whole string (Python's
     # `$` would also match before a final newline): fullmatch is the faithful reading.
     for bad in BAD_DIGESTS:
         assert re.fullmatch(digest["pattern"], bad) is None, bad
+        # As a JSON Schema validator reads it (search, not fullmatch): "absent\n" included.
+        assert re.search(digest["pattern"], bad) is None, bad
     for good in ("absent", sha(b""), sha(b"").upper()):
         assert re.fullmatch(digest["pattern"], good) is not None

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolwire.actors.results import Outcome, ToolReport
+from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files
 from toolwire.actors.tools.files import (
     READ_MAX_BYTES,
@@ -33,12 +33,12 @@ from toolwire.actors.tools.files import (
     ReadFileArgs,
     SearchFilesArgs,
     WriteFileArgs,
-    check_args,
     edit_files,
     read_file,
     search_files,
     write_file,
 )
+from toolwire.actors.tools.registry import TOOLS, parse_args
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -135,13 +135,36 @@ def test_convert_names_the_field(raw: dict[str, Any], kind: type[Any], where: st
     assert where in str(info.value)
 
 
-def test_unknown_fields_are_ignored() -> None:
-    args = msgspec.convert(
-        {"files": [{"path": "a", "edits": [{"old": "x", "new": "y", "why": 1}], "z": 2}], "q": 3},
-        EditFilesArgs,
+@pytest.mark.parametrize(
+    ("args", "named", "takes"),
+    [
+        (
+            {"files": [{"path": "a", "edits": [{"old": "x", "new": "y"}]}], "q": 3},
+            "args.q",
+            "files",
+        ),
+        (
+            {"files": [{"path": "a", "edits": [{"old": "x", "new": "y"}], "z": 2}]},
+            "args.files[0].z",
+            "path, edits, expected_sha256",
+        ),
+        (
+            {"files": [{"path": "a", "edits": [{"old": "x", "new": "y", "why": 1}]}]},
+            "args.files[0].edits[0].why",
+            "old, new, replace_all",
+        ),
+    ],
+)
+def test_an_unknown_argument_is_bad_args_naming_it(
+    args: dict[str, Any], named: str, takes: str
+) -> None:
+    # PROTOCOL.md 10.3: a misspelled argument silently ignored would mislead the model.
+    with pytest.raises(ToolwireError) as info:
+        parse_args(TOOLS["edit_files"], args)
+    assert info.value.code == "bad_args"
+    assert info.value.message == (
+        f"edit_files: `{named}` is not an argument of this tool (it takes: {takes})"
     )
-    assert args == EditFilesArgs(files=[FileEdits(path="a", edits=[Edit(old="x", new="y")])])
-    check_args(args)
 
 
 @pytest.mark.parametrize(
@@ -169,9 +192,10 @@ def test_unknown_fields_are_ignored() -> None:
         (SearchFilesArgs(pattern="x", glob=""), "args.glob: must not be empty"),
     ],
 )
-def test_check_args_names_the_field(args: files.FileToolArgs, message: str) -> None:
+def test_check_args_names_the_field(args: msgspec.Struct, message: str) -> None:
+    check = next(tool.check for tool in TOOLS.values() if tool.args_type is type(args))
     with pytest.raises(ValueError) as info:
-        check_args(args)
+        check(args)
     assert str(info.value).startswith(message)
 
 

@@ -17,10 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolwire.actors.planner import (
-    BARRIER_TOOLS,
     MAX_PARALLEL_CALLS,
-    READER_TOOLS,
-    WRITER_TOOLS,
     Access,
     PlannedCall,
     Reservation,
@@ -29,6 +26,12 @@ from toolwire.actors.planner import (
     plan_segments,
     reservation_for,
 )
+from toolwire.actors.tools.registry import TOOLS, reserves_of
+
+
+def call_of(call_id: str, tool: str, args: object) -> PlannedCall:
+    """A call as the chat hands it to the planner: with its tool's role from the registry."""
+    return PlannedCall(call_id, reserves_of(tool), args)
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def lay(tmp_path: Path) -> Layout:
 
 def plan(lay: Layout, *calls: tuple[str, object]) -> list[list[str]]:
     """Plan calls given as (tool, args); their ids are c0, c1, ... in request order."""
-    planned = [PlannedCall(f"c{i}", tool, args) for i, (tool, args) in enumerate(calls)]
+    planned = [call_of(f"c{i}", tool, args) for i, (tool, args) in enumerate(calls)]
     return plan_segments(planned, str(lay.ws))
 
 
@@ -96,16 +99,20 @@ def edit(*paths: str) -> tuple[str, object]:
 
 
 def access_of(lay: Layout, tool: str, args: object) -> Access:
-    return reservation_for(PlannedCall("c", tool, args), str(lay.ws)).access
+    return reservation_for(call_of("c", tool, args), str(lay.ws)).access
 
 
 # --- the constants ---------------------------------------------------------------------------
 
 
-def test_constants() -> None:
-    assert sorted(READER_TOOLS) == ["process_list", "process_output", "read_file", "search_files"]
-    assert sorted(WRITER_TOOLS) == ["edit_files", "write_file"]
-    assert sorted(BARRIER_TOOLS) == [
+def test_the_registry_gives_each_tool_its_role() -> None:
+    by_access: dict[Access, list[str]] = {}
+    for name, tool in TOOLS.items():
+        by_access.setdefault(tool.reserves.access, []).append(name)
+    assert sorted(by_access[Access.READ]) == ["list_dir", "read_file", "search_files"]
+    assert sorted(by_access[Access.WRITE]) == ["edit_files", "write_file"]
+    assert sorted(by_access[Access.NONE]) == ["process_list", "process_output"]
+    assert sorted(by_access[Access.BARRIER]) == [
         "execute",
         "process_input",
         "process_resize",
@@ -146,7 +153,7 @@ def test_default_root_search_conflicts_with_any_write_in_the_workspace(lay: Layo
         ["c0"],
         ["c1"],
     ]
-    root = reservation_for(PlannedCall("c", *search()), str(lay.ws))
+    root = reservation_for(call_of("c", *search()), str(lay.ws))
     assert root == Reservation(Access.READ, (str(lay.real),))
     # A write outside the workspace is not inside the searched root.
     assert plan(lay, search(), write(str(lay.outside / "o"))) == [["c0", "c1"]]
@@ -164,7 +171,7 @@ def test_writers_of_one_path_split(lay: Layout) -> None:
 
 
 def test_edit_files_reserves_every_file_it_names(lay: Layout) -> None:
-    res = reservation_for(PlannedCall("c", *edit("x", "d/z", "./x")), str(lay.ws))
+    res = reservation_for(call_of("c", *edit("x", "d/z", "./x")), str(lay.ws))
     # Every path, canonical, once each, in request order.
     assert res == Reservation(Access.WRITE, (str(lay.real / "x"), str(lay.real / "d/z")))
     assert plan(lay, edit("x", "d/z"), read("d/z")) == [["c0"], ["c1"]]
@@ -315,9 +322,7 @@ def test_malformed_args_make_a_barrier(lay: Layout, tool: str, args: object) -> 
 def test_execute_process_signal_and_unknown_tools_are_barriers(
     lay: Layout, tool: str, args: object
 ) -> None:
-    assert reservation_for(PlannedCall("c", tool, args), str(lay.ws)) == Reservation(
-        Access.BARRIER, ()
-    )
+    assert reservation_for(call_of("c", tool, args), str(lay.ws)) == Reservation(Access.BARRIER, ())
     assert plan(lay, read("x"), read("y"), (tool, args), read("x")) == [
         ["c0", "c1"],
         ["c2"],
@@ -364,9 +369,9 @@ def test_segments_are_not_capped_at_max_parallel_calls(lay: Layout) -> None:
 
 def test_duplicate_call_ids_are_not_deduplicated(lay: Layout) -> None:
     calls = [
-        PlannedCall("same", "read_file", {"path": "x"}),
-        PlannedCall("same", "read_file", {"path": "x"}),
-        PlannedCall("same", "write_file", {"path": "x", "content": ""}),
+        call_of("same", "read_file", {"path": "x"}),
+        call_of("same", "read_file", {"path": "x"}),
+        call_of("same", "write_file", {"path": "x", "content": ""}),
     ]
     assert plan_segments(calls, str(lay.ws)) == [["same", "same"], ["same"]]
 
@@ -479,7 +484,7 @@ def render(lay: Layout, turn: list[Abstract], which: int = 0) -> list[PlannedCal
                 "rows": 24,
                 "cols": 80,
             }
-        calls.append(PlannedCall(f"c{i}", tool, args))
+        calls.append(call_of(f"c{i}", tool, args))
     return calls
 
 
@@ -633,19 +638,19 @@ def test_the_indexed_planner_plans_as_the_pairwise_definition(
     for index, (access, paths) in enumerate(calls):
         call_id = f"c{index}"
         if access is Access.BARRIER:
-            planned.append(PlannedCall(call_id, "execute", {"command": "x"}))
+            planned.append(call_of(call_id, "execute", {"command": "x"}))
             reservations.append((call_id, Reservation(Access.BARRIER, ())))
             continue
         if access is Access.NONE:
-            planned.append(PlannedCall(call_id, "process_list", {}))
+            planned.append(call_of(call_id, "process_list", {}))
             reservations.append((call_id, Reservation(Access.NONE, ())))
             continue
         spelled = [real_root + path if path != "/" else real_root for path in paths]
         if access is Access.WRITE:
             args: dict[str, object] = {"files": [{"path": p, "edits": []} for p in spelled]}
-            planned.append(PlannedCall(call_id, "edit_files", args))
+            planned.append(call_of(call_id, "edit_files", args))
         else:
-            planned.append(PlannedCall(call_id, "read_file", {"path": spelled[0]}))
+            planned.append(call_of(call_id, "read_file", {"path": spelled[0]}))
             spelled = spelled[:1]
         reservations.append((call_id, Reservation(access, tuple(dict.fromkeys(spelled)))))
     assert plan_segments(planned, real_root) == _pairwise_plan(reservations)

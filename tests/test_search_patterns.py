@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 
 from toolwire.actors.results import Outcome, ToolReport
 from toolwire.actors.tools import files
-from toolwire.actors.tools.files import SearchFilesArgs, SearchStopped, check_args, search_files
+from toolwire.actors.tools.files import (
+    SearchFilesArgs,
+    SearchStopped,
+    check_search_files,
+    search_files,
+)
 from toolwire.actors.tools.mounts import parse_mountinfo
 from toolwire.actors.tools.patterns import compile_line_pattern
 
@@ -127,9 +132,9 @@ def test_a_plainly_bad_regex_says_what_is_wrong_only(ws: Path) -> None:
 
 def test_a_pattern_or_glob_that_is_not_unicode_is_bad_args() -> None:
     with pytest.raises(ValueError, match=r"args\.pattern: must be valid Unicode"):
-        check_args(SearchFilesArgs(pattern="a\ud800"))
+        check_search_files(SearchFilesArgs(pattern="a\ud800"))
     with pytest.raises(ValueError, match=r"args\.glob: must be valid Unicode"):
-        check_args(SearchFilesArgs(pattern="a", glob="\udcff*"))
+        check_search_files(SearchFilesArgs(pattern="a", glob="\udcff*"))
 
 
 # --- globs --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ tests drive the `Agent` directly with in-memory outboxes, where MockClock can ma
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -46,7 +47,7 @@ from toolwire.actors.results import (
     Outcome,
     ToolwireError,
 )
-from toolwire.actors.tools import files as file_tools
+from toolwire.actors.tools import registry
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
 TEST_DEADLINE_S = 10.0
@@ -238,7 +239,12 @@ async def test_internal_failure_becomes_unknown_and_the_chat_goes_on(
 
     with trio.fail_after(TEST_DEADLINE_S):
         async with live.connect() as conn:
-            monkeypatch.setattr(file_tools, "read_file", broken)
+            # The tool's own code fails: its registry entry runs the broken function.
+            monkeypatch.setitem(
+                registry.TOOLS,
+                "read_file",
+                dataclasses.replace(registry.TOOLS["read_file"], run=registry.OnLoop(broken)),
+            )
             failed = await conn.call("c", "boom", "read_file", {"path": "f.txt"})
             monkeypatch.undo()
             ok = await conn.call("c", "fine", "read_file", {"path": "f.txt"})

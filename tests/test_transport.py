@@ -69,7 +69,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
         assert welcome["tools"] == [
             "execute", "process_output", "process_signal", "process_list",
             "process_input", "process_resize",
-            "read_file", "write_file", "edit_files", "search_files",
+            "read_file", "write_file", "edit_files", "search_files", "list_dir",
         ]  # fmt: skip
         assert welcome["limits"] == {
             "max_message_bytes": 16 * 1024 * 1024,
@@ -86,7 +86,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "max_processes": 256,
             "max_message_bytes_in_flight": 64 * 1024 * 1024,
         }
-        # The 1.1 additions this build implements, and only those (PROTOCOL.md 9).
+        # The 1.1 and 1.2 additions this build implements, and only those (PROTOCOL.md 9, 10).
         assert welcome["features"] == [
             "stdin",
             "pty",
@@ -95,6 +95,8 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "expected_sha256",
             "close_chat",
             "http_status",
+            "describe_tools",
+            "list_dir",
         ]
 
 
@@ -531,12 +533,15 @@ async def test_values_out_of_bounds_anywhere_are_refused_and_the_agent_lives_on(
             assert reply["type"] == "error" and reply["code"] == "bad_message", reply
             assert where in reply["message"], reply
             assert reply.get("rid") == rid, reply
-        # The bounds themselves are in: 64 levels, -2**63 and 2**64 - 1.
-        in_bounds = touch | {"z": _nested(62)}
+        # The bounds themselves are in: 64 levels, -2**63 and 2**64 - 1, here in unknown
+        # fields of the message, which are ignored (3; an unknown field of `args` is bad_args
+        # from 1.2, PROTOCOL.md 10.3).
+        in_bounds: dict[str, Any] = {"z": _nested(63)}
         if encoding == "json":
             in_bounds |= {"lo": -(2**63), "hi": 2**64 - 1}
-        result = await conn.call("c", "fine", "execute", in_bounds)
-        assert result["outcome"] == "completed", result
+        await conn.send(call("fine", 9) | in_bounds)
+        result = await conn.recv_until(lambda m: m["type"] in ("result", "error"))
+        assert result[-1]["outcome"] == "completed", result
         # None of the refused calls was recorded: each id is still free and runs once now.
         for call_id in ("k1", "k3", "k4", "k5"):
             result = await conn.call("c", call_id, "execute", touch)

@@ -56,6 +56,7 @@ ErrorCode = Literal[
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
 # `stdin`, `pty`, `kill_after`: interactive commands and hard deadlines (9.1, 9.2).
 # `close_chat`: ending a chat's calls and processes in one request (9.6).
+# And of the 1.2 additions of PROTOCOL.md 10: `describe_tools` (10.3), `list_dir` (10.5).
 FEATURES = (
     "stdin",
     "pty",
@@ -64,6 +65,8 @@ FEATURES = (
     "expected_sha256",
     "close_chat",
     "http_status",
+    "describe_tools",
+    "list_dir",
 )
 
 
@@ -154,12 +157,20 @@ class CloseChat(_ClientMessage, tag="close_chat"):
     chat_id: ChatId
 
 
-ClientMessage = Call | Attach | Detach | Cancel | Approve | Turn | Interrupt | CloseChat
+class DescribeTools(_ClientMessage, tag="describe_tools"):
+    """PROTOCOL.md 10.3: the agent's tools as a model is given them (`tool_definitions`)."""
+
+
+ClientMessage = (
+    Call | Attach | Detach | Cancel | Approve | Turn | Interrupt | CloseChat | DescribeTools
+)
 
 
 def bad_id_path(message: ClientMessage) -> str | None:
     """The path of the first id in a decoded client message that is not printable
     (PROTOCOL.md 9.9), or None when every id is."""
+    if isinstance(message, DescribeTools):
+        return None
     if not message.chat_id.isprintable():
         return "$.chat_id"
     if isinstance(message, CloseChat):
@@ -189,6 +200,7 @@ CLIENT_MESSAGE_TYPES: tuple[type[_ClientMessage], ...] = (
     Turn,
     Interrupt,
     CloseChat,
+    DescribeTools,
 )
 
 
@@ -339,6 +351,25 @@ class ChatClosed(_AgentMessage, tag="chat_closed"):
     rid: Rid = None
 
 
+Effect = Literal["read", "write", "process"]
+
+
+class ToolDefinition(msgspec.Struct, kw_only=True):
+    """One tool as a model is given it (PROTOCOL.md 10.3)."""
+
+    name: str
+    # For a model: what the tool does, when to use it, what it returns, its limits.
+    description: Annotated[str, msgspec.Meta(max_length=1000)]
+    # JSON Schema 2020-12 of the tool's `args`: self-contained, exact.
+    input_schema: dict[str, Any]
+    effect: Effect
+
+
+class ToolDefinitions(_AgentMessage, tag="tool_definitions"):
+    tools: list[ToolDefinition]
+    rid: Rid = None
+
+
 class Error(_AgentMessage, tag="error"):
     code: ErrorCode
     message: str
@@ -360,6 +391,7 @@ AgentMessage = (
     | TurnResult
     | Interrupted
     | ChatClosed
+    | ToolDefinitions
     | Error
 )
 AGENT_MESSAGE_TYPES: tuple[type[_AgentMessage], ...] = (
@@ -375,5 +407,6 @@ AGENT_MESSAGE_TYPES: tuple[type[_AgentMessage], ...] = (
     TurnResult,
     Interrupted,
     ChatClosed,
+    ToolDefinitions,
     Error,
 )

@@ -15,7 +15,10 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from toolwire.actors import planner
+from toolwire.actors.tools import registry
 from toolwire.transport import protocol
+from toolwire.transport.tool_definitions import definition
 
 BEGIN = "<!-- BEGIN GENERATED MESSAGE REFERENCE: edit transport/reference.py, not this part -->"
 END = "<!-- END GENERATED MESSAGE REFERENCE -->"
@@ -77,24 +80,24 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     },
     "interrupt": {"type": "interrupt", "rid": 3, "chat_id": "chat-7", "turn_id": "turn-1"},
     "close_chat": {"type": "close_chat", "rid": 4, "chat_id": "chat-7"},
+    "describe_tools": {"type": "describe_tools", "rid": 5},
+    "tool_definitions": {
+        "type": "tool_definitions",
+        "rid": 5,
+        "tools": [
+            msgspec.to_builtins(definition("process_list")),
+            msgspec.to_builtins(definition("read_file")),
+        ],
+    },
     "welcome": {
         "type": "welcome",
         "protocol": 1,
         "agent_id": "toolwire-host1",
         "boot_id": "0b7c3f0e-2c1d-4f57-9d2f-0f6c4f1b9a10",
         "encoding": "json",
-        "tools": [
-            "execute",
-            "process_output",
-            "process_signal",
-            "process_list",
-            "process_input",
-            "process_resize",
-            "read_file",
-            "write_file",
-            "edit_files",
-            "search_files",
-        ],
+        # The registry's tools, in its order (tests/test_protocol_doc.py checks it against a
+        # live agent's welcome).
+        "tools": list(registry.TOOL_NAMES),
         "limits": {
             "max_message_bytes": 16777216,
             "output_retention_bytes": 1048576,
@@ -216,7 +219,9 @@ def _render_type(t: mi.Type) -> str:
                 bits.append(f"matching {t.pattern}")
             return "string" + (f" ({', '.join(bits)})" if bits else "")
         case mi.IntType():
-            return "integer" + (f" >= {t.ge}" if t.ge is not None else "")
+            bounds = [f">= {t.ge}"] if t.ge is not None else []
+            bounds += [f"<= {t.le}"] if t.le is not None else []
+            return " ".join(["integer", *bounds])
         case mi.BoolType():
             return "boolean"
         case mi.NoneType():
@@ -280,10 +285,60 @@ def render() -> str:
         protocol.Limits,
         protocol.Sandbox,
         protocol.SandboxLimits,
+        protocol.ToolDefinition,
     ):
         out += [f"#### `{cls.__name__}`", "", *_table(cls), ""]
+    out += _tools()
     out.append(END)
     return "\n".join(out)
+
+
+_ROLES = {
+    planner.Access.READ: "a reader of",
+    planner.Access.WRITE: "a writer of",
+}
+
+
+def _role(reserves: planner.Reserves) -> str:
+    """A tool's role in a turn (PROTOCOL.md 5.6) in words."""
+    if reserves.access is planner.Access.BARRIER:
+        return "a barrier (runs alone)"
+    if reserves.access is planner.Access.NONE:
+        return "reserves nothing"
+    what = f"`{reserves.path_arg}`"
+    if reserves.each_in is not None:
+        what = f"every `{reserves.each_in}[].{reserves.path_arg}`"
+    if reserves.default_path is not None:
+        what += " (default the workspace)"
+    return f"{_ROLES[reserves.access]} {what}"
+
+
+def _tools() -> list[str]:
+    """Every tool of the registry: its effect, role, description and args (the
+    `input_schema` that `describe_tools` sends, PROTOCOL.md 10.3)."""
+    out = ["### Tools", "", "Generated from the tool registry (actors/tools/registry.py).", ""]
+    for tool in registry.TOOLS.values():
+        out += [
+            f"#### `{tool.name}`",
+            "",
+            f"Effect `{tool.effect}`; in a turn {_role(tool.reserves)}.",
+            "",
+            f"> {tool.description}",
+            "",
+            "| argument | type | required | description |",
+            "|---|---|---|---|",
+        ]
+        info = mi.type_info(tool.args_type)
+        assert isinstance(info, mi.StructType)
+        properties = registry.input_schema(tool)["properties"]
+        for f in info.fields:
+            required = "yes" if f.required else f"no (default `{json.dumps(_default(f))}`)"
+            described = str(properties[f.encode_name]["description"]).replace("|", "\\|")
+            out.append(f"| `{f.encode_name}` | {_render_type(f.type)} | {required} | {described} |")
+        if not info.fields:
+            out.append("| (none) | | | |")
+        out.append("")
+    return out
 
 
 def update(path: Path) -> bool:

@@ -44,6 +44,7 @@ from toolwire.transport.message_bytes import MessageBytes
 from toolwire.transport.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from toolwire.transport.metrics import MetricsPage
 from toolwire.transport.sandbox_field import call_sandbox
+from toolwire.transport.tool_definitions import tool_definitions
 
 log = logging.getLogger("toolwire.server")
 
@@ -368,6 +369,7 @@ class Session:
             protocol.Turn: self._on_turn,
             protocol.Interrupt: self._on_interrupt,
             protocol.CloseChat: self._on_close_chat,
+            protocol.DescribeTools: self._on_describe_tools,
         }
 
     async def run(self) -> None:
@@ -547,6 +549,10 @@ class Session:
     def _on_close_chat(self, m: protocol.CloseChat) -> None:
         self.agent.close_chat(self.outbox, m.chat_id, m.rid)
 
+    def _on_describe_tools(self, m: protocol.DescribeTools) -> None:
+        # Names no chat: answered at once, in the order of welcome.tools (PROTOCOL.md 10.3).
+        self.outbox.put(events.ToolDefinitionsEvent(list(self.agent.tools), m.rid))
+
     async def _sender(self) -> None:
         outbox = self.outbox
         encode = self.codec.encode_bytes
@@ -674,6 +680,8 @@ def to_wire(event: events.Event) -> Any:
                 process_ids=event.process_ids,
                 rid=event.rid,
             )
+        case events.ToolDefinitionsEvent():
+            return protocol.ToolDefinitions(tools=tool_definitions(event.tools), rid=event.rid)
         case events.ErrorEvent():
             return protocol.Error(
                 code=event.code,  # type: ignore[arg-type]

@@ -17,27 +17,55 @@ from toolwire.actors.terminal import (
 TerminalSide = Annotated[int, msgspec.Meta(ge=MIN_TERMINAL_SIDE, le=MAX_TERMINAL_SIDE)]
 
 
-class TerminalArgs(msgspec.Struct, kw_only=True):
+def _described(description: str) -> msgspec.Meta:
+    return msgspec.Meta(description=description)
+
+
+class TerminalArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`execute`'s `pty`: the size of the command's new terminal (PROTOCOL.md 9.1)."""
 
-    rows: TerminalSide
-    cols: TerminalSide
+    rows: Annotated[TerminalSide, _described("The terminal's height in lines.")]
+    cols: Annotated[TerminalSide, _described("The terminal's width in columns.")]
 
 
-class ExecuteArgs(msgspec.Struct, kw_only=True):
-    command: Annotated[str, msgspec.Meta(min_length=1)]
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    shell: Literal["sh", "bash"] | None = None
+class ExecuteArgs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    command: Annotated[
+        str, msgspec.Meta(min_length=1, description="The shell command line to run.")
+    ]
+    cwd: Annotated[
+        str | None,
+        _described("The directory to run in, relative to the workspace; default the workspace."),
+    ] = None
+    env: Annotated[
+        dict[str, str] | None,
+        _described("Environment variables to add to the agent's own for this command."),
+    ] = None
+    shell: Annotated[
+        Literal["sh", "bash"] | None, _described('The shell: "sh" (/bin/sh, default) or "bash".')
+    ] = None
     # 9.1: stdin is a pipe `process_input` writes to, instead of closed.
-    stdin: bool = False
+    stdin: Annotated[
+        bool,
+        _described("Give the command an input that process_input writes to (default closed)."),
+    ] = False
     # 9.1: run on a new pseudo-terminal of this size (stdin, stdout and stderr). It implies
     # stdin: with it, `stdin` is true whatever it says (false is also what a client that sends
     # every default sends, and cannot be told from an omitted one).
-    pty: TerminalArgs | None = None
+    pty: Annotated[
+        TerminalArgs | None,
+        _described(
+            "Run on a new terminal of this size (for programs that need one); implies stdin."
+        ),
+    ] = None
     # 9.2: the hard deadline from the first start: the whole group is stopped when it passes.
     # 0 (like `timeout_ms` 0) means none.
-    kill_after_ms: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    kill_after_ms: Annotated[
+        Annotated[int, msgspec.Meta(ge=0)] | None,
+        _described(
+            "Stop the command's whole process group this many ms after it started; 0 or"
+            " absent: never."
+        ),
+    ] = None
 
 
 SHELLS = {"sh": "/bin/sh", "bash": "/bin/bash"}

@@ -11,12 +11,13 @@ Contract shared by all four:
 - Arguments. The caller converts the wire dict with ``msgspec.convert(args, ReadFileArgs)`` and
   so on. The Structs carry ``msgspec.Meta`` constraints (non-empty strings and lists, positive
   line numbers), so ``convert`` itself rejects most bad arguments with a field path such as
-  ``$.files[0].edits[1].old``. ``check_args`` re-checks every one of those rules (a Struct built
-  directly in Python skips Meta constraints) plus what Meta cannot express: NUL bytes in paths,
-  text that cannot be encoded as UTF-8. It raises ``ValueError("args.offset: must be >= 1")``.
-  Every tool calls ``check_args`` first, so invalid args built by hand raise ValueError before
-  touching the disk; callers should call it themselves beforehand and answer ``bad_args``.
-  Unknown fields are ignored.
+  ``$.files[0].edits[1].old``. Each tool's check (``check_read_file`` and so on, its
+  ``check`` in the registry) re-checks every one of those rules (a Struct built directly in
+  Python skips Meta constraints) plus what Meta cannot express: NUL bytes in paths, text that
+  cannot be encoded as UTF-8. It raises ``ValueError("args.offset: must be >= 1")``. Every
+  tool calls its check first, so invalid args built by hand raise ValueError before touching
+  the disk; the registry calls it beforehand and answers ``bad_args``. An unknown field is
+  refused by ``convert`` (PROTOCOL.md 10.3).
 - Paths. Relative paths resolve against ``workspace``; ``~`` expands. Texts name a path as the
   caller gave it.
 - Failures on the tool's own terms (missing file, directory, binary file, permission denied, an
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Annotated, Any, assert_never
+from typing import Annotated, Any
 
 import msgspec
 
@@ -103,11 +104,13 @@ LineNumber = Annotated[int, msgspec.Meta(ge=1)]
 
 # `expected_sha256` (PROTOCOL.md 9.4): the file must not exist, or its bytes must hash to this.
 ABSENT = "absent"
-_EXPECTED_SHA256_PATTERN = f"^(?:{ABSENT}|[0-9a-fA-F]{{64}})$"
+# Ends in "not followed by any character", not `$`: Python's `$` (msgspec's, and Python
+# validators') also matches before a final newline, ECMA-262's (JSON Schema's) does not; the
+# lookahead means the end of the string in both, so the schema and the agent agree exactly.
+_EXPECTED_SHA256_PATTERN = rf"^(?:{ABSENT}|[0-9a-fA-F]{{64}})(?![\s\S])"
 ExpectedSha256 = Annotated[
-    str,
+    Annotated[str, msgspec.Meta(pattern=_EXPECTED_SHA256_PATTERN)] | None,
     msgspec.Meta(
-        pattern=_EXPECTED_SHA256_PATTERN,
         description=(
             'The hex SHA-256 of the bytes the file must hold for the change to be made, or "absent"'
             " (the file must not exist). Otherwise the call ends `failed` and changes nothing."
@@ -116,83 +119,128 @@ ExpectedSha256 = Annotated[
 ]
 
 
-class ReadFileArgs(msgspec.Struct, forbid_unknown_fields=False):
-    path: NonEmptyStr
-    offset: LineNumber | None = None  # 1-based number of the first line to return; default 1
-    limit: LineNumber | None = None  # number of lines to return; default all (up to the caps)
+def _described(description: str) -> msgspec.Meta:
+    return msgspec.Meta(description=description)
 
 
-class WriteFileArgs(msgspec.Struct, forbid_unknown_fields=False):
-    path: NonEmptyStr
-    content: str
-    expected_sha256: ExpectedSha256 | None = None
+_PATH = "A file's path, relative to the workspace or absolute; `~` is the home directory."
 
 
-class Edit(msgspec.Struct, forbid_unknown_fields=False):
-    old: NonEmptyStr
-    new: str
-    replace_all: bool = False
+class ReadFileArgs(msgspec.Struct, forbid_unknown_fields=True):
+    path: Annotated[NonEmptyStr, _described(_PATH)]
+    offset: Annotated[
+        LineNumber | None, _described("The 1-based number of the first line to return; default 1.")
+    ] = None
+    limit: Annotated[
+        LineNumber | None,
+        _described("How many lines to return; default the rest of the file, up to the caps."),
+    ] = None
 
 
-class FileEdits(msgspec.Struct, forbid_unknown_fields=False):
-    path: NonEmptyStr
-    edits: Annotated[list[Edit], msgspec.Meta(min_length=1)]
-    expected_sha256: ExpectedSha256 | None = None
+class WriteFileArgs(msgspec.Struct, forbid_unknown_fields=True):
+    path: Annotated[NonEmptyStr, _described(_PATH + " Missing parent directories are made.")]
+    content: Annotated[str, _described("The file's whole new content, written as UTF-8.")]
+    expected_sha256: ExpectedSha256 = None
 
 
-class EditFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
-    files: Annotated[list[FileEdits], msgspec.Meta(min_length=1)]
+class Edit(msgspec.Struct, forbid_unknown_fields=True):
+    old: Annotated[
+        NonEmptyStr,
+        _described("The exact text to replace, whitespace included; it must occur once."),
+    ]
+    new: Annotated[str, _described("The text to put in its place.")]
+    replace_all: Annotated[
+        bool, _described("Replace every occurrence of `old` (it may then occur many times).")
+    ] = False
 
 
-class SearchFilesArgs(msgspec.Struct, forbid_unknown_fields=False):
-    pattern: NonEmptyStr  # an RE2 pattern (actors/tools/patterns.py), matched line by line
-    path: NonEmptyStr | None = None  # a file or directory; default the workspace root
-    glob: NonEmptyStr | None = None  # filters the files found under a directory: glob_to_regex
+class FileEdits(msgspec.Struct, forbid_unknown_fields=True):
+    path: Annotated[NonEmptyStr, _described(_PATH)]
+    edits: Annotated[
+        list[Edit],
+        msgspec.Meta(min_length=1, description="The edits of this file, applied in order."),
+    ]
+    expected_sha256: ExpectedSha256 = None
 
 
-FileToolArgs = ReadFileArgs | WriteFileArgs | EditFilesArgs | SearchFilesArgs
+class EditFilesArgs(msgspec.Struct, forbid_unknown_fields=True):
+    files: Annotated[
+        list[FileEdits],
+        msgspec.Meta(min_length=1, description="The files to edit, each with its edits."),
+    ]
 
 
-def check_args(args: FileToolArgs) -> None:
-    """Validate what the Struct types alone do not guarantee; raise ValueError naming the field.
+class SearchFilesArgs(msgspec.Struct, forbid_unknown_fields=True):
+    pattern: Annotated[
+        NonEmptyStr,
+        _described("An RE2 regular expression, matched against each line without its ending."),
+    ]
+    path: Annotated[
+        NonEmptyStr | None,
+        _described("The file or directory to search; default the workspace root."),
+    ] = None
+    glob: Annotated[
+        NonEmptyStr | None,
+        _described(
+            "Only files whose path below `path` matches this glob (`*`, `?`, `**`, `[...]`;"
+            " without a `/` it matches the base name at any depth); a file named by `path` is"
+            " searched whatever the glob."
+        ),
+    ] = None
 
-    Repeats the Meta constraints (they only run in ``msgspec.convert``/decode, not in a Struct
-    built directly) and adds: no NUL byte in a path or glob, and every text written to disk
-    encodable as UTF-8 (no lone surrogates).
-    """
-    if isinstance(args, ReadFileArgs):
+
+# What the Structs alone do not guarantee, one check per tool, each raising ValueError naming
+# the field. They repeat the Meta constraints (those only run in ``msgspec.convert``/decode,
+# not in a Struct built directly) and add: no NUL byte in a path or glob, and every text
+# written to disk encodable as UTF-8 (no lone surrogates).
+
+
+def check_read_file(args: ReadFileArgs) -> None:
+    _check_path("args.path", args.path)
+    _check_line_number("args.offset", args.offset)
+    _check_line_number("args.limit", args.limit)
+
+
+def check_write_file(args: WriteFileArgs) -> None:
+    _check_path("args.path", args.path)
+    _check_utf8("args.content", args.content)
+    _check_expected("args.expected_sha256", args.expected_sha256)
+
+
+def check_edit_files(args: EditFilesArgs) -> None:
+    if not args.files:
+        raise ValueError("args.files: must not be empty")
+    for i, entry in enumerate(args.files):
+        _check_path(f"args.files[{i}].path", entry.path)
+        _check_expected(f"args.files[{i}].expected_sha256", entry.expected_sha256)
+        if not entry.edits:
+            raise ValueError(f"args.files[{i}].edits: must not be empty")
+        for j, edit in enumerate(entry.edits):
+            field = f"args.files[{i}].edits[{j}]"
+            if not edit.old:
+                raise ValueError(f"{field}.old: must not be empty")
+            _check_utf8(f"{field}.old", edit.old)
+            _check_utf8(f"{field}.new", edit.new)
+
+
+def check_search_files(args: SearchFilesArgs) -> None:
+    if not args.pattern:
+        raise ValueError("args.pattern: must not be empty")
+    _check_utf8("args.pattern", args.pattern)  # RE2 matches UTF-8
+    if args.path is not None:
         _check_path("args.path", args.path)
-        _check_line_number("args.offset", args.offset)
-        _check_line_number("args.limit", args.limit)
-    elif isinstance(args, WriteFileArgs):
-        _check_path("args.path", args.path)
-        _check_utf8("args.content", args.content)
-        _check_expected("args.expected_sha256", args.expected_sha256)
-    elif isinstance(args, EditFilesArgs):
-        if not args.files:
-            raise ValueError("args.files: must not be empty")
-        for i, entry in enumerate(args.files):
-            _check_path(f"args.files[{i}].path", entry.path)
-            _check_expected(f"args.files[{i}].expected_sha256", entry.expected_sha256)
-            if not entry.edits:
-                raise ValueError(f"args.files[{i}].edits: must not be empty")
-            for j, edit in enumerate(entry.edits):
-                field = f"args.files[{i}].edits[{j}]"
-                if not edit.old:
-                    raise ValueError(f"{field}.old: must not be empty")
-                _check_utf8(f"{field}.old", edit.old)
-                _check_utf8(f"{field}.new", edit.new)
-    elif isinstance(args, SearchFilesArgs):
-        if not args.pattern:
-            raise ValueError("args.pattern: must not be empty")
-        _check_utf8("args.pattern", args.pattern)  # RE2 matches UTF-8
-        if args.path is not None:
-            _check_path("args.path", args.path)
-        if args.glob is not None:
-            _check_path("args.glob", args.glob)
-            _check_utf8("args.glob", args.glob)
-    else:
-        assert_never(args)
+    if args.glob is not None:
+        check_glob("args.glob", args.glob)
+
+
+def check_glob(field: str, value: str) -> None:
+    _check_path(field, value)
+    _check_utf8(field, value)
+
+
+def check_path(field: str, value: str) -> None:
+    """A path arg: non-empty, without NUL (no system call takes one)."""
+    _check_path(field, value)
 
 
 def _check_path(field: str, value: str) -> None:
@@ -241,12 +289,12 @@ def _plural(n: int, word: str, plural: str | None = None) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
 
 
-# The verbs of `_os_failure` that create or replace: for them a missing path is no reason to
+# The verbs of `os_failure` that create or replace: for them a missing path is no reason to
 # fail (they create it), so an ENOENT means a directory on the way vanished under them.
 _WRITING_VERBS = frozenset({"write", "create the parent directories of"})
 
 
-def _os_failure(e: OSError, shown: str, verb: str) -> ToolFailure:
+def os_failure(e: OSError, shown: str, verb: str) -> ToolFailure:
     """One plain sentence for an OSError on `shown` (the path as the caller gave it)."""
     writing = verb in _WRITING_VERBS
     if isinstance(e, FileNotFoundError):
@@ -277,7 +325,7 @@ def _stat_regular(full: str, shown: str, verb: str, tool: str) -> os.stat_result
     try:
         st = os.stat(full)
     except OSError as e:
-        raise _os_failure(e, shown, verb) from None
+        raise os_failure(e, shown, verb) from None
     _check_regular(st, shown, tool)
     return st
 
@@ -301,7 +349,7 @@ def _open_regular(full: str, shown: str, tool: str) -> int:
         # Name what the path is, as a stat before the open did: a socket (which cannot be
         # opened) is "not a regular file", a directory we may not read is "a directory".
         _stat_regular(full, shown, "read", tool)
-        raise _os_failure(e, shown, "read") from None
+        raise os_failure(e, shown, "read") from None
     try:
         _check_regular(os.fstat(fd), shown, tool)
     except BaseException:
@@ -483,14 +531,14 @@ def _current_sha256(target: str, shown: str, tool: str) -> str:
     except (FileNotFoundError, NotADirectoryError):
         return ABSENT
     except OSError as e:
-        raise _os_failure(e, shown, "read") from None
+        raise os_failure(e, shown, "read") from None
     try:
         _check_regular(os.fstat(fd), shown, tool)
         digest = hashlib.sha256()
         while block := os.read(fd, READ_BLOCK_BYTES):
             digest.update(block)
     except OSError as e:
-        raise _os_failure(e, shown, "read") from None
+        raise os_failure(e, shown, "read") from None
     finally:
         os.close(fd)
     return digest.hexdigest()
@@ -534,7 +582,7 @@ def _canonical_target(path: str, workspace: str, shown: str, verb: str) -> str:
             continue  # readlink found no link where lstat had just seen one
         except OSError as e:
             if e.errno != errno.EINVAL:  # EINVAL: readlink of what is no longer a link
-                raise _os_failure(e, shown, "resolve") from None
+                raise os_failure(e, shown, "resolve") from None
     raise ToolFailure(
         f"cannot {verb} {shown}: a symlink on its path kept changing while it was resolved;"
         " nothing was written"
@@ -561,7 +609,7 @@ def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None
         if e.errno == errno.EROFS:
             raise ToolFailure(f"cannot {verb} {shown}: it is on a read-only file system") from None
         if e.errno not in (errno.ETXTBSY, errno.EWOULDBLOCK):
-            raise _os_failure(e, shown, verb) from None
+            raise os_failure(e, shown, verb) from None
         # A running program, or a file another program holds a lease on: a rename replaces
         # it all the same (the program keeps the old file).
         try:
@@ -569,7 +617,7 @@ def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None
         except FileNotFoundError:
             return None
         except OSError as e2:
-            raise _os_failure(e2, shown, verb) from None
+            raise os_failure(e2, shown, verb) from None
     try:
         return os.fstat(fd)
     finally:
@@ -590,7 +638,7 @@ def read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
     content and the text gives the file's line count. The whole file is scanned (to count
     lines and to check it is UTF-8), but only the requested lines are kept in memory.
     """
-    check_args(args)
+    check_read_file(args)
     try:
         return _read_file(workspace, args)
     except ToolFailure as f:
@@ -637,7 +685,7 @@ def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
                     f" to its first {size} bytes"
                 )
     except OSError as e:
-        raise _os_failure(e, shown, "read") from None
+        raise os_failure(e, shown, "read") from None
     finally:
         os.close(fd)
     if note and stopped_at is not None and stopped_at <= total:
@@ -783,7 +831,7 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
     text and data (`_changed_failure`). The check, the write, its fsync and the rename all
     happen with the path's lock held (`PATH_LOCKS`), as every write of this module does.
     """
-    check_args(args)
+    check_write_file(args)
     try:
         return _write_file(workspace, args)
     except ToolFailure as f:
@@ -807,7 +855,7 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
     except FileNotFoundError:
         old = None
     except OSError as e:
-        raise _os_failure(e, shown, "write") from None
+        raise os_failure(e, shown, "write") from None
     _check_replaceable(old, shown)
     if old is not None and not os.access(target, os.W_OK):
         # The rename would replace it anyway; refuse as open(path, "w") would, if it is so.
@@ -820,12 +868,12 @@ def _write_locked(target: str, args: WriteFileArgs) -> ToolReport:
             f"cannot write {shown}: a parent of it is a file, not a directory"
         ) from None
     except OSError as e:
-        raise _os_failure(e, shown, "create the parent directories of") from None
+        raise os_failure(e, shown, "create the parent directories of") from None
     try:
         _atomic_write(target, [data], old)
     except OSError as e:
         _remove_dirs(created)
-        raise _os_failure(e, shown, "write") from None
+        raise os_failure(e, shown, "write") from None
     return _completed(
         f"wrote {_plural(len(data), 'byte')} to {shown}",
         {"bytes": len(data), "sha256": _sha256_hex(data)},
@@ -877,7 +925,7 @@ def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
     until the last rename. Each entry of ``data.files`` also has ``sha256``: the hex SHA-256 of
     its file as the call left it (written, or unchanged when the edits changed nothing).
     """
-    check_args(args)
+    check_edit_files(args)
     try:
         return _edit_files(workspace, args)
     except ToolFailure as f:
@@ -902,7 +950,7 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
     except ToolFailure as e:
         raise ToolFailure(e.text + _UNCHANGED) from None
     except OSError as e:
-        raise ToolFailure(_os_failure(e, shown, "read").text + _UNCHANGED) from None
+        raise ToolFailure(os_failure(e, shown, "read").text + _UNCHANGED) from None
     if expected is not None and (actual := _sha256_hex(original)) != expected.lower():
         # Changed by something other than toolwire since the precondition check: still refuse.
         raise _changed_failure(shown, expected, actual)
@@ -976,7 +1024,7 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
 
 def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarget]) -> str:
     """Restore the files already written (best effort) and describe the outcome truthfully."""
-    text = _os_failure(e, failed.shown, "write").text
+    text = os_failure(e, failed.shown, "write").text
     not_restored: list[str] = []
     for t in reversed(written):
         try:
@@ -1010,7 +1058,7 @@ def _is_inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-class _PathShower:
+class PathShower:
     """Turns an absolute file path into the path a match reports."""
 
     def __init__(self, workspace: str) -> None:
@@ -1072,12 +1120,19 @@ def search_files(
     between blocks of lines (SEARCH_BLOCK_BYTES) and between files; once it says yes the
     search raises SearchStopped.
     """
-    check_args(args)
+    check_search_files(args)
     state = _SearchState(should_stop=should_stop, clock=clock, deadline=clock() + max_seconds)
     try:
         return _search_files(workspace, args, max_matches, max_seconds, state)
     except ToolFailure as f:
         return _failed(f)
+
+
+def search_files_until(
+    workspace: str, args: SearchFilesArgs, should_stop: Callable[[], bool]
+) -> ToolReport:
+    """search_files that a cancel stops: SearchStopped once `should_stop` says yes."""
+    return search_files(workspace, args, should_stop=should_stop)
 
 
 @dataclass
@@ -1136,12 +1191,12 @@ def _search_files(
     try:
         st = os.stat(root)
     except OSError as e:
-        raise _os_failure(e, shown_root, "search") from None
+        raise os_failure(e, shown_root, "search") from None
     pseudo = PseudoFilesystems.read()
     fstype = pseudo.fstype(st.st_dev)
     if fstype is not None:
         raise _pseudo_failure(shown_root, fstype)
-    show = _PathShower(workspace)
+    show = PathShower(workspace)
     is_dir = stat.S_ISDIR(st.st_mode)
     if is_dir:
         _search_tree(root, pattern, glob, show, state, max_matches, pseudo)
@@ -1149,7 +1204,7 @@ def _search_files(
         try:
             skipped = _search_file(root, pattern, show(root), state, max_matches, pseudo)
         except OSError as e:
-            raise _os_failure(e, shown_root, "search") from None
+            raise os_failure(e, shown_root, "search") from None
         if skipped is _Skipped.BINARY:
             raise _binary_failure(shown_root, "search_files", "it contains NUL bytes")
         if skipped is _Skipped.PSEUDO:  # it was swapped for one after the stat
@@ -1241,7 +1296,7 @@ def _search_tree(
     root: str,
     pattern: patterns.LinePattern,
     glob: patterns.GlobMatcher | None,
-    show: _PathShower,
+    show: PathShower,
     state: _SearchState,
     max_matches: int,
     pseudo: PseudoFilesystems,

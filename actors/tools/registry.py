@@ -1,15 +1,33 @@
-"""The tools of protocol version 1 (and 1.1), how their args are checked, and how each runs."""
+"""Every tool of the agent, each one `ToolDef`: its args, their checks, how it runs, its role in
+a turn, its effect and what a model is told about it. Everything else reads it from here: the
+chat's dispatch (actors/chat_work.py, actors/runners.py), the turn planner's reservations, the
+welcome's tool list, `describe_tools` (PROTOCOL.md 10.3), the schema and the docs.
+
+Adding a tool is its module (args Struct and function) and one entry in `TOOLS`; an entry
+missing a piece is a TypeError at import and a mypy error, and the checks at the bottom of this
+module refuse one whose args or description break the rules of 10.3.
+
+Pure: no trio. The runs of file tools are the functions themselves (synchronous, trio-free);
+process tools name a `ProcessOp`, which actors/runners.py and actors/chat_work.py carry out
+against the chat's process table (code that needs trio), matching every op (mypy checks that
+the match is exhaustive).
+"""
 
 from __future__ import annotations
 
 import enum
+import functools
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
-from toolwire.actors.results import ToolwireError
-from toolwire.actors.tools import execute, files
+from toolwire.actors import planner
+from toolwire.actors.planner import Reserves
+from toolwire.actors.results import ToolReport, ToolwireError
+from toolwire.actors.tools import execute, files, list_dir
 from toolwire.actors.tools.execute import ExecuteArgs
 from toolwire.actors.tools.process_args import (
     ProcessInputArgs,
@@ -17,7 +35,10 @@ from toolwire.actors.tools.process_args import (
     ProcessOutputArgs,
     ProcessResizeArgs,
     ProcessSignalArgs,
+    check_process_id,
 )
+
+A = TypeVar("A", bound=msgspec.Struct)
 
 
 class ToolKind(enum.Enum):
@@ -31,33 +52,258 @@ class ToolKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class OnLoop(Generic[A]):
+    """A short read of files, run right on the event loop within the request that starts it."""
+
+    run: Callable[[str, A], ToolReport]  # (workspace, args)
+
+
+@dataclass(frozen=True, slots=True)
+class OnThread(Generic[A]):
+    """File work that may take long, on a worker thread; a cancel waits for its real end."""
+
+    run: Callable[[str, A], ToolReport]
+
+
+@dataclass(frozen=True, slots=True)
+class StoppableOnThread(Generic[A]):
+    """File work on a worker thread that a cancel stops: `run` asks `should_stop` between
+    blocks of work and raises `files.SearchStopped` once it says yes (the call ends
+    `canceled`); one that ended first keeps its real result."""
+
+    run: Callable[[str, A, Callable[[], bool]], ToolReport]  # (workspace, args, should_stop)
+
+
+class ProcessOp(enum.Enum):
+    """Work on the chat's process table (actors/runners.py carries each out)."""
+
+    OUTPUT = "output"  # a wait a cancel can end, as a task
+    SIGNAL = "signal"  # on the loop
+    LIST = "list"  # on the loop
+    INPUT = "input"  # joins the process's input queue at once, then a task a cancel can end
+    RESIZE = "resize"  # on the loop
+
+
+class Spawns(enum.Enum):
+    """`execute`: the chat spawns a command (no RunTool; see ChatState's Spawn effect)."""
+
+    COMMAND = "command"
+
+
+Work: TypeAlias = OnLoop[A] | OnThread[A] | StoppableOnThread[A] | ProcessOp | Spawns
+Effect = Literal["read", "write", "process"]
+
+# PROTOCOL.md 10.3: a description is at most this many characters.
+MAX_DESCRIPTION_CHARS = 1000
+
+
+def no_check(args: msgspec.Struct) -> None:
+    """For args whose Struct says everything (process_list takes none)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ToolDef:
+    """One tool. Built by `tool_def`, whose type parameter ties the args type to its check
+    and run (mypy refuses an entry whose run takes other args)."""
+
     name: str
     args_type: type[msgspec.Struct]
-    kind: ToolKind
-    # Changes nothing outside the agent: no start row is journaled before it runs (there is
-    # no effect a crash could forget); its result is journaled before its reply like any other.
-    read_only: bool = False
+    # What the Struct's shape cannot say (a NUL in a path, a non-printable process id);
+    # raises ValueError naming the field as `args.x`, and the call is `bad_args`.
+    check: Callable[[Any], None]
+    run: Work[Any]
+    reserves: Reserves  # its role in a turn (actors/planner.py)
+    # PROTOCOL.md 10.3: "read" changes nothing, "write" changes files, "process" starts,
+    # signals or types into processes.
+    effect: Effect
+    description: str  # for a model (10.3): what, when, what it returns, its limits
+
+    @property
+    def kind(self) -> ToolKind:
+        match self.run:
+            case OnLoop():
+                return ToolKind.INLINE
+            case OnThread() | StoppableOnThread():
+                return ToolKind.THREAD
+            case ProcessOp():
+                return ToolKind.PROCESS
+            case Spawns():
+                return ToolKind.EXECUTE
+
+    @property
+    def stoppable(self) -> bool:
+        """A wait a cancel can end (`process_output`, `process_input`), or file work that stops
+        when told to (a search): it runs as a task, and a cancel ends it `canceled`."""
+        return isinstance(self.run, StoppableOnThread) or self.run in (
+            ProcessOp.OUTPUT,
+            ProcessOp.INPUT,
+        )
+
+    @property
+    def read_only(self) -> bool:
+        """Changes nothing outside the agent: no start row is journaled before it runs (there
+        is no effect a crash could forget); its result is journaled before its reply like any
+        other."""
+        return self.effect == "read"
 
 
-TOOLS: dict[str, ToolDef] = {
-    tool.name: tool
-    for tool in (
-        ToolDef("execute", ExecuteArgs, ToolKind.EXECUTE),
-        ToolDef("process_output", ProcessOutputArgs, ToolKind.PROCESS, read_only=True),
-        ToolDef("process_signal", ProcessSignalArgs, ToolKind.PROCESS),
-        ToolDef("process_list", ProcessListArgs, ToolKind.PROCESS, read_only=True),
-        # PROTOCOL.md 9.1. Not read-only: a start row is journaled before the input is written,
-        # so a retry after a restart finds it and never types twice.
-        ToolDef("process_input", ProcessInputArgs, ToolKind.PROCESS),
-        ToolDef("process_resize", ProcessResizeArgs, ToolKind.PROCESS),
-        ToolDef("read_file", files.ReadFileArgs, ToolKind.INLINE, read_only=True),
-        ToolDef("write_file", files.WriteFileArgs, ToolKind.THREAD),
-        ToolDef("edit_files", files.EditFilesArgs, ToolKind.THREAD),
-        ToolDef("search_files", files.SearchFilesArgs, ToolKind.THREAD, read_only=True),
-    )
-}
+def tool_def(
+    name: str,
+    args_type: type[A],
+    check: Callable[[A], None],
+    run: Work[A],
+    reserves: Reserves,
+    effect: Effect,
+    description: str,
+) -> ToolDef:
+    return ToolDef(name, args_type, check, run, reserves, effect, description)
 
+
+_OUTPUT_LIMITS = (
+    "A result's output keeps its head and tail within result_output_bytes (default 64 KiB: the "
+    "first 16 KiB and the last 48 KiB) with a line saying how many bytes were omitted."
+)
+
+_TOOLS: tuple[ToolDef, ...] = (
+    tool_def(
+        "execute",
+        ExecuteArgs,
+        execute.check_args,
+        Spawns.COMMAND,
+        planner.BARRIER,
+        "process",
+        "Run a shell command (/bin/sh -c, or bash) in the workspace, in a process group of its "
+        "own, stdout and stderr merged. Use it to build, test, run programs and inspect the "
+        "system; prefer the file tools for reading, writing and searching files. Returns "
+        "exit_code, signal and process_id, with the command's output. " + _OUTPUT_LIMITS + " "
+        "The call's timeout_ms ends the wait, not the command: it goes on running (read it "
+        "with process_output, stop it with process_signal); kill_after_ms stops it. With stdin "
+        "or pty the command reads what process_input sends.",
+    ),
+    tool_def(
+        "process_output",
+        ProcessOutputArgs,
+        check_process_id,
+        ProcessOp.OUTPUT,
+        planner.NOTHING,
+        "read",
+        "Read the state and retained output of a process this chat started with execute: "
+        "running, exit_code, signal, timed_out, canceled. With wait, first wait for it to exit, "
+        "up to wait_ms, capped at max_wait_ms (default 300000). Use it after a timed-out or "
+        "background command. Retention keeps the first 64 KiB and the newest bytes of a running "
+        "process; " + _OUTPUT_LIMITS,
+    ),
+    tool_def(
+        "process_signal",
+        ProcessSignalArgs,
+        check_process_id,
+        ProcessOp.SIGNAL,
+        planner.BARRIER,
+        "process",
+        "Send a signal (SIGINT, SIGTERM, SIGKILL, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) to the "
+        "whole process group of a command this chat started. Use SIGINT or SIGTERM to stop a "
+        "command, SIGKILL if it ignores them. Returns delivered: false when the command had "
+        "already exited.",
+    ),
+    tool_def(
+        "process_list",
+        ProcessListArgs,
+        no_check,
+        ProcessOp.LIST,
+        planner.NOTHING,
+        "read",
+        "List the processes this chat started with execute, running or exited recently: "
+        "process_id, command, running, exit_code, started_at and exited_at (unix ms). Use it to "
+        "find a background command's process_id.",
+    ),
+    tool_def(
+        "process_input",
+        ProcessInputArgs,
+        check_process_id,
+        ProcessOp.INPUT,
+        planner.BARRIER,
+        "process",
+        "Type into a running command started with stdin or pty: writes data once (UTF-8; eof "
+        "closes its input, on a terminal it sends the EOF character), then waits up to wait_ms "
+        "(capped at max_wait_ms) for it to print or exit. Returns written, stdin_offset, "
+        "output_offset, running and exit_code, with the output printed since the write. "
+        + _OUTPUT_LIMITS
+        + " Fails, writing nothing, when the process has no open input or has exited.",
+    ),
+    tool_def(
+        "process_resize",
+        ProcessResizeArgs,
+        check_process_id,
+        ProcessOp.RESIZE,
+        planner.BARRIER,
+        "process",
+        "Resize the terminal of a command started with pty (its process group gets SIGWINCH). "
+        "Returns rows and cols. Fails for a process without a terminal.",
+    ),
+    tool_def(
+        "read_file",
+        files.ReadFileArgs,
+        files.check_read_file,
+        OnLoop(files.read_file),
+        planner.reader(),
+        "read",
+        "Read a UTF-8 text file of the workspace (relative paths are against the workspace). "
+        "Returns content, lines and total_lines, and sha256 of the file. offset (1-based line) "
+        "and limit (lines) read a part; at most 2000 lines and 256 KiB per call, and the text "
+        "says which offset to ask for next. Fails for a missing file, a directory or a binary "
+        "file. Use it rather than cat in execute.",
+    ),
+    tool_def(
+        "write_file",
+        files.WriteFileArgs,
+        files.check_write_file,
+        OnThread(files.write_file),
+        planner.writer(),
+        "write",
+        "Create or replace a whole file with content (UTF-8), creating missing parent "
+        "directories. The write is atomic: a reader sees the old file or the new one, never "
+        'half. expected_sha256 makes it conditional (the file\'s current SHA-256, or "absent" '
+        "for a new file): if the file changed, nothing is written and the call fails. Returns "
+        "bytes written. For a small change to a big file, edit_files is cheaper.",
+    ),
+    tool_def(
+        "edit_files",
+        files.EditFilesArgs,
+        files.check_edit_files,
+        OnThread(files.edit_files),
+        planner.writer(each_in="files"),
+        "write",
+        "Replace exact text in one or more files, all or nothing: each edit's old text must "
+        "occur exactly once in its file (or set replace_all), else no file changes and the call "
+        "fails, naming the edit. Edits of one file apply in order. Returns per file the number "
+        "of replacements. Read the file first to copy old exactly, whitespace included.",
+    ),
+    tool_def(
+        "search_files",
+        files.SearchFilesArgs,
+        files.check_search_files,
+        StoppableOnThread(files.search_files_until),
+        planner.reader(default="."),
+        "read",
+        "Search text files for a regular expression (RE2 syntax, matched line by line), in a "
+        "file or under a directory (default the workspace), optionally only files matching a "
+        "glob. Returns matches {path, line, text} in path order, and truncated. Skips binary "
+        "files, .git and other VCS directories, and pseudo filesystems such as /proc. Stops at "
+        "500 matches or after 30 s (truncated, with the text saying so); lines are cut to 500 "
+        "characters.",
+    ),
+    tool_def(
+        "list_dir",
+        list_dir.ListDirArgs,
+        list_dir.check_args,
+        OnThread(list_dir.list_dir),
+        planner.reader(default="."),
+        "read",
+        list_dir.DESCRIPTION,
+    ),
+)
+
+TOOLS: dict[str, ToolDef] = {tool.name: tool for tool in _TOOLS}
 TOOL_NAMES: list[str] = list(TOOLS)
 
 
@@ -70,35 +316,156 @@ def lookup(name: str) -> ToolDef:
     return tool
 
 
-def parse_args(tool: ToolDef, args: Any) -> msgspec.Struct:
-    """Check args against the tool's schema; ToolwireError(bad_args) names the field."""
+def reserves_of(name: str) -> Reserves:
+    """A tool's role in a turn; a tool the agent does not know is a barrier (PROTOCOL.md 5.6)."""
+    tool = TOOLS.get(name)
+    return planner.BARRIER if tool is None else tool.reserves
+
+
+def parse_shape(tool: ToolDef, args: Any) -> msgspec.Struct:
+    """Args against the tool's Struct alone: exactly what its `input_schema` says (PROTOCOL.md
+    10.3). ToolwireError(bad_args) names the field, an unknown one included."""
     if not isinstance(args, dict):
         raise ToolwireError("bad_args", f"{tool.name}: args must be an object")
     try:
-        parsed = msgspec.convert(args, tool.args_type)
+        return msgspec.convert(_whole_numbers(args), tool.args_type)
     except msgspec.ValidationError as exc:
-        raise ToolwireError("bad_args", f"{tool.name}: {_args_path(str(exc))}") from None
-    process_id = getattr(parsed, "process_id", None)
-    if isinstance(process_id, str) and not process_id.isprintable():
-        # An id like the protocol's own (PROTOCOL.md 9.9): printable characters only.
-        raise ToolwireError(
-            "bad_args",
-            f"{tool.name}: `args.process_id` must hold printable characters only "
-            "(no control, format or line separator characters, a trailing newline included)",
-        )
-    if isinstance(parsed, ExecuteArgs):
-        try:
-            execute.check_args(parsed)
-        except ValueError as exc:
-            raise ToolwireError("bad_args", f"{tool.name}: {exc}") from None
-    if tool.kind in (ToolKind.INLINE, ToolKind.THREAD):
-        try:
-            files.check_args(parsed)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise ToolwireError("bad_args", f"{tool.name}: {exc}") from None
+        raise ToolwireError("bad_args", f"{tool.name}: {_args_path(tool, str(exc))}") from None
+
+
+def parse_args(tool: ToolDef, args: Any) -> msgspec.Struct:
+    """Check args against the tool's schema and its `check`; ToolwireError(bad_args) names
+    the field."""
+    parsed = parse_shape(tool, args)
+    try:
+        tool.check(parsed)
+    except ValueError as exc:
+        raise ToolwireError("bad_args", f"{tool.name}: {exc}") from None
     return parsed
 
 
-def _args_path(message: str) -> str:
-    # msgspec names the path from the root of what it converted: `$.cwd`; say `args.cwd`.
+def _whole_numbers(value: Any) -> Any:
+    """JSON Schema's "integer" is any number with a zero fraction, 1.0 included (a JSON encoder
+    may write one so); msgspec takes only an int. So a float that is a whole number becomes
+    that int, and the schema stays exact. Copies only what holds such a float."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        if any(isinstance(v, float | dict | list) for v in value.values()):
+            return {k: _whole_numbers(v) for k, v in value.items()}
+        return value
+    if isinstance(value, list):
+        if any(isinstance(v, float | dict | list) for v in value):
+            return [_whole_numbers(v) for v in value]
+        return value
+    return value
+
+
+def _args_path(tool: ToolDef, message: str) -> str:
+    # msgspec names the path from the root of what it converted: `$.cwd`; say `args.cwd`. An
+    # unknown field is named with its own path, `args.files[0].pth`, and with the names the
+    # object there takes, so a model that misspelled one sees the right spelling.
+    prefix = "Object contains unknown field `"
+    if message.startswith(prefix):
+        name, _, rest = message[len(prefix) :].partition("`")
+        at = rest.partition(" - at `$")[2].rstrip("`")
+        known = _property_names(_schema_of(tool.args_type), at)
+        takes = f" (it takes: {', '.join(known)})" if known else " (it takes none)"
+        return f"`args{at}.{name}` is not an argument of this tool{takes}"
     return message.replace("`$.", "`args.").replace("`$`", "`args`")
+
+
+def _property_names(schema: dict[str, Any], at: str) -> list[str]:
+    """The property names of the object at `at` (msgspec's path: `.files[0].edits[1]`)."""
+    node: Any = schema
+    for step in re.findall(r"\.(\w+)|\[\d+\]", at):
+        node = node["properties"][step] if step else node["items"]
+        while "anyOf" in node:  # an optional object: its object option
+            node = next(option for option in node["anyOf"] if option.get("type") != "null")
+    return list(node.get("properties", {}))
+
+
+def input_schema(tool: ToolDef) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a tool's args as PROTOCOL.md 10.3 gives it to a
+    model: self-contained (every `$ref` inlined), `type: object`, `additionalProperties:
+    false`, `required` listed, a description on every property. Exactly what `parse_shape`
+    takes (tests/test_tool_schemas.py checks both ways). A new dict on every call."""
+    schema: dict[str, Any] = _inline(_schema_of(tool.args_type))
+    return schema
+
+
+@functools.cache
+def _schema_of(args_type: type[msgspec.Struct]) -> dict[str, Any]:
+    schema = msgspec.json.schema(args_type)
+    defs = schema.pop("$defs", {})
+    tidy: dict[str, Any] = _tidy(_resolve(schema, defs), defs)
+    return tidy
+
+
+def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    ref = node.get("$ref")
+    if ref is None:
+        return node
+    found: dict[str, Any] = defs[ref.rsplit("/", 1)[1]]
+    return found
+
+
+def _tidy(node: Any, defs: dict[str, Any]) -> Any:
+    """`node` with every `$ref` replaced by what it names, structs' titles dropped (a model
+    needs the field names, not the Python class names) and `required` always present."""
+    if isinstance(node, list):
+        return [_tidy(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = _resolve(node, defs)
+    out = {key: _tidy(value, defs) for key, value in node.items() if key != "title"}
+    if out.get("type") == "object" and "properties" in out:
+        out.setdefault("required", [])
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def _inline(node: Any) -> Any:
+    # A deep copy, so that a caller changing its schema never changes the cached one.
+    if isinstance(node, dict):
+        return {key: _inline(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inline(item) for item in node]
+    return node
+
+
+def check_registry(tools: tuple[ToolDef, ...]) -> None:
+    """The rules of PROTOCOL.md 10.3 that no type says, checked as the module loads: a tool
+    that breaks one fails at import, not when a model asks."""
+    for tool in tools:
+        if not tool.name or not tool.description:
+            raise TypeError(f"tool {tool.name!r}: a name and a description are needed")
+        if len(tool.description) > MAX_DESCRIPTION_CHARS:
+            raise TypeError(
+                f"tool {tool.name}: description of {len(tool.description)} characters,"
+                f" over {MAX_DESCRIPTION_CHARS}"
+            )
+        if not tool.args_type.__struct_config__.forbid_unknown_fields:
+            raise TypeError(f"tool {tool.name}: its args must forbid unknown fields")
+        for where, prop in _properties(_schema_of(tool.args_type), "args"):
+            if not prop.get("description"):
+                raise TypeError(f"tool {tool.name}: `{where}` has no description")
+    if len({tool.name for tool in tools}) != len(tools):
+        raise TypeError("two tools share a name")
+
+
+def _properties(node: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every property of every object of a schema, with its path (`args.pty.rows`)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        for name, prop in node.get("properties", {}).items():
+            found.append((f"{where}.{name}", prop))
+            found.extend(_properties(prop, f"{where}.{name}"))
+        for key in ("items", "anyOf", "additionalProperties"):
+            sub = node.get(key)
+            for item in sub if isinstance(sub, list) else [sub]:
+                found.extend(_properties(item, where))
+    return found
+
+
+check_registry(_TOOLS)

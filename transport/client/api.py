@@ -314,6 +314,16 @@ class ClientAPI:
         assert request.chat_closed is not None
         return request.chat_closed
 
+    async def describe_tools(self) -> list[protocol.ToolDefinition]:
+        """The agent's tools as a model is given them (PROTOCOL.md 10.3), in the order of
+        `welcome.tools`: name, description, input_schema (JSON Schema 2020-12 of the args,
+        self-contained) and effect ("read", "write" or "process"). Raises RequestError
+        (`bad_message`) from an agent that does not have `describe_tools` in its features."""
+        request = self._state.describe_tools()
+        await self._roundtrip(request)
+        assert request.tool_definitions is not None
+        return request.tool_definitions.tools
+
     # -- plumbing ------------------------------------------------------------------------------
 
     async def _roundtrip(self, request: RequestState) -> None:

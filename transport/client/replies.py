@@ -106,6 +106,11 @@ def apply(state: ReplyTables, message: Any) -> None:
             del state.pending[request.rid]
             request.chat_closed = message
             request.finish()
+    elif isinstance(message, protocol.ToolDefinitions):
+        if request is not None and request.kind == "describe_tools":
+            del state.pending[request.rid]
+            request.tool_definitions = message
+            request.finish()
     elif isinstance(message, protocol.Error):
         _on_error(state, message, request)
     # A `welcome` is only the first message of a connection (the shell reads it), and the

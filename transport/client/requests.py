@@ -16,7 +16,9 @@ __all__ = ["MAX_BACKOFF_ATTEMPT", "SUBSCRIBING", "Key", "Kind", "RequestState", 
 MAX_BACKOFF_ATTEMPT: Final = 32
 
 Key = tuple[str, str]
-Kind = Literal["call", "attach", "cancel", "approve", "turn", "interrupt", "close_chat"]
+Kind = Literal[
+    "call", "attach", "cancel", "approve", "turn", "interrupt", "close_chat", "describe_tools"
+]
 # Requests that make a connection follow a call or a turn.
 SUBSCRIBING: Final = frozenset({"call", "attach", "turn"})
 
@@ -40,6 +42,7 @@ class RequestState:
     cancel_results: dict[str, protocol.CancelResult] = field(default_factory=dict)
     interrupted: protocol.Interrupted | None = None
     chat_closed: protocol.ChatClosed | None = None
+    tool_definitions: protocol.ToolDefinitions | None = None
     resolved: protocol.ApprovalResolved | None = None
 
     def finish(self, error: BaseException | None = None) -> None:

@@ -119,6 +119,11 @@ class ClientState:
         message = protocol.CloseChat(rid=self.next_rid(), chat_id=chat_id)
         return self._request("close_chat", message)
 
+    def describe_tools(self) -> RequestState:
+        """PROTOCOL.md 10.3. Changes nothing on the agent: re-sent as it is after a reconnect."""
+        message = protocol.DescribeTools(rid=self.next_rid())
+        return self._request("describe_tools", message)
+
     def turn(self, message: protocol.Turn) -> tuple[RequestState, TurnHandle]:
         """A repeat of a turn this client follows attaches it (plan again, the same calls'
         events): our handles follow them already, and an error (a `conflict` for other calls)
