@@ -16,6 +16,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 from tests.conftest import TOKEN, LiveServer, start_server
 from tests.wsclient import FrameConn, connect, is_result
 from toolwire.actors.agent import Limits
+from toolwire.actors.sandbox import Enforcement
 from toolwire.transport import server as server_module
 
 
@@ -62,6 +63,7 @@ async def test_no_subprotocol_means_json_and_first_supported_offer_wins(live: Li
 async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> None:
     async with live.connect() as first, live.connect() as second:
         welcome = first.welcome
+        enforceable = Enforcement.probe().limits()
         assert welcome["protocol"] == 1
         assert welcome["agent_id"]
         uuid.UUID(welcome["boot_id"])
@@ -85,6 +87,8 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "max_records": 100_000,
             "max_processes": 256,
             "max_message_bytes_in_flight": 64 * 1024 * 1024,
+            # What this kernel can enforce (PROTOCOL.md 10.4), as the agent probes it at start.
+            "sandbox": enforceable,
         }
         # The 1.1 and 1.2 additions this build implements, and only those (PROTOCOL.md 9, 10).
         assert welcome["features"] == [
@@ -97,7 +101,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "http_status",
             "describe_tools",
             "list_dir",
-        ]
+        ] + (["sandbox"] if any(enforceable.values()) else [])
 
 
 async def test_welcome_reports_the_agents_kill_grace(nursery: trio.Nursery, tmp_path: Path) -> None:
