@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
+from toolwire.cli.client_failure import CLIENT_FAILURES, report_failure
 from toolwire.transport import protocol
-from toolwire.transport.client import ConnectError, RequestError, connect
+from toolwire.transport.client import connect
 
 
 def read_token(explicit: str | None, state_dir: Path) -> str | None:
@@ -82,15 +83,8 @@ async def run_call(
                     sys.stdout.flush()
                     streamed = True
             result = await handle.result()
-    except ConnectError as exc:
-        print(f"toolwire call: could not connect to {url}: {exc}", file=sys.stderr)
-        return 2
-    except RequestError as exc:
-        print(f"toolwire call: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"toolwire call: could not connect to {url}: {exc}", file=sys.stderr)
-        return 2
+    except CLIENT_FAILURES as exc:
+        return report_failure("toolwire call", url, exc)
     if as_json:
         print(msgspec.json.encode(result).decode())
     else:

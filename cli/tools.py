@@ -6,13 +6,13 @@ for a call, so what it prints is what that agent runs."""
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Literal
 
 import msgspec
 
+from toolwire.cli.client_failure import CLIENT_FAILURES, report_failure
 from toolwire.transport import protocol
-from toolwire.transport.client import ConnectError, RequestError, connect
+from toolwire.transport.client import connect
 
 Format = Literal["json", "openai", "anthropic"]
 FORMATS: tuple[Format, ...] = ("json", "openai", "anthropic")
@@ -47,14 +47,7 @@ async def run_tools(url: str, token: str | None, fmt: Format) -> int:
     try:
         async with connect(url, token, reconnect=False) as client:
             tools = await client.describe_tools()
-    except ConnectError as exc:
-        print(f"toolwire tools: could not connect to {url}: {exc}", file=sys.stderr)
-        return 2
-    except RequestError as exc:
-        print(f"toolwire tools: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"toolwire tools: could not connect to {url}: {exc}", file=sys.stderr)
-        return 2
+    except CLIENT_FAILURES as exc:
+        return report_failure("toolwire tools", url, exc)
     print(json.dumps(shaped(tools, fmt), indent=2))
     return 0
