@@ -177,17 +177,19 @@ class Codec:
         args: dict[str, Any],
         *,
         stream: bool,
+        sandbox: dict[str, Any] | None = None,
     ) -> str | bytes:
-        return self.encode(
-            {
-                "type": "call",
-                "chat_id": chat_id,
-                "call_id": call_id,
-                "tool": tool,
-                "args": args,
-                "stream": stream,
-            }
-        )
+        message: dict[str, Any] = {
+            "type": "call",
+            "chat_id": chat_id,
+            "call_id": call_id,
+            "tool": tool,
+            "args": args,
+            "stream": stream,
+        }
+        if sandbox is not None:
+            message["sandbox"] = sandbox
+        return self.encode(message)
 
     def cancel(self, chat_id: str, call_ids: list[str]) -> str | bytes:
         return self.encode({"type": "cancel", "chat_id": chat_id, "call_ids": call_ids})

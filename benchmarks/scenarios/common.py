@@ -8,12 +8,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from toolwire.benchmarks.core import BenchContext, Build, Measurement, RefUnavailable, current_build
 from toolwire.benchmarks.procs import CpuMeter, ServerProcess, ThreadTimes
-from toolwire.benchmarks.wire import WsConn, ws_connect
+from toolwire.benchmarks.wire import Codec, WsConn, pipelined_calls, ws_connect
 
 # The "trivial call": read_file of a small file (5 lines, 300 bytes).
 SMALL_FILE = "small.txt"
@@ -242,3 +243,34 @@ def timed_ws(
             )
 
     return trio.run(main)
+
+
+def pipelined_execute_true(
+    server: ServerProcess,
+    token: str | None,
+    chat: str,
+    n: int,
+    in_flight: int,
+    *,
+    sandbox: dict[str, Any] | None = None,
+) -> Timed:
+    """`n` calls of `execute true` in one chat, `in_flight` at a time, after 20 (or `n`) of
+    warm-up: the commands-per-second row that the process, sandbox and peers scenarios share."""
+    codec = Codec("json")
+
+    def frames(prefix: str, count: int) -> list[str | bytes]:
+        return [
+            codec.call(
+                chat, f"{prefix}{i}", "execute", {"command": "true"}, stream=False, sandbox=sandbox
+            )
+            for i in range(count)
+        ]
+
+    timed, warm = frames("p", n), frames("w", min(n, 20))
+    return timed_ws(
+        server,
+        lambda conn: pipelined_calls(conn, codec, timed, in_flight),
+        token=token,
+        subprotocol=codec.subprotocol,
+        warmup=lambda conn: pipelined_calls(conn, codec, warm, in_flight),
+    )

@@ -40,7 +40,7 @@ from toolwire.benchmarks.core import (
     run_side_by_side,
 )
 from toolwire.benchmarks.procs import ServerProcess, rss_bytes
-from toolwire.benchmarks.scenarios.common import servers, timed_ws
+from toolwire.benchmarks.scenarios.common import pipelined_execute_true, servers
 from toolwire.benchmarks.scenarios.reqresp import toolwire_first_byte
 from toolwire.benchmarks.wire import Codec, pipelined_calls, ws_connect
 
@@ -118,22 +118,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
     with servers(ctx, "toolwire") as srv:
 
         def toolwire_rate(r: int, c: int) -> None:
-            codec = Codec("json")
-            chat = f"peers-{c}-{r}"
-            frames = [
-                codec.call(chat, f"p{i}", "execute", {"command": "true"}, stream=False)
-                for i in range(n_commands)
-            ]
-            warm = [
-                codec.call(chat, f"w{i}", "execute", {"command": "true"}, stream=False)
-                for i in range(min(n_commands, 20))
-            ]
-            timed_ws(
-                srv["toolwire"],
-                lambda conn: pipelined_calls(conn, codec, frames, c),
-                token=srv.token,
-                subprotocol=codec.subprotocol,
-                warmup=lambda conn: pipelined_calls(conn, codec, warm, c),
+            pipelined_execute_true(
+                srv["toolwire"], srv.token, f"peers-{c}-{r}", n_commands, c
             ).record(tw_rate[c])
 
         def codex_rate(r: int, c: int) -> None:

@@ -25,8 +25,7 @@ from toolwire.benchmarks.core import (
     agent,
     run_side_by_side,
 )
-from toolwire.benchmarks.scenarios.common import Timed, servers, timed_ws
-from toolwire.benchmarks.wire import Codec, pipelined_calls
+from toolwire.benchmarks.scenarios.common import Timed, pipelined_execute_true, servers
 
 CONCURRENCY = (1, 8)
 
@@ -75,22 +74,8 @@ def run(ctx: BenchContext) -> ScenarioResult:
     with servers(ctx, "toolwire") as srv:
 
         def toolwire(r: int, c: int) -> None:
-            codec = Codec("json")
-            chat = f"process-{c}-{r}"
-            frames = [
-                codec.call(chat, f"p{i}", "execute", {"command": "true"}, stream=False)
-                for i in range(n_spawns)
-            ]
-            warm = [
-                codec.call(chat, f"w{i}", "execute", {"command": "true"}, stream=False)
-                for i in range(min(n_spawns, 20))
-            ]
-            timed_ws(
-                srv["toolwire"],
-                lambda conn: pipelined_calls(conn, codec, frames, c),
-                token=srv.token,
-                subprotocol=codec.subprotocol,
-                warmup=lambda conn: pipelined_calls(conn, codec, warm, c),
+            pipelined_execute_true(
+                srv["toolwire"], srv.token, f"process-{c}-{r}", n_spawns, c
             ).record(tw[c])
 
         def bare_trio(r: int, c: int) -> None:

@@ -20,31 +20,10 @@ from toolwire.benchmarks.core import (
     agent,
     run_side_by_side,
 )
-from toolwire.benchmarks.scenarios.common import servers, timed_ws
-from toolwire.benchmarks.wire import Codec, pipelined_calls
+from toolwire.benchmarks.scenarios.common import pipelined_execute_true, servers
 
 CONCURRENCY = (1, 8)
 SANDBOX = {"filesystem": "workspace_write", "network": False}
-
-
-def _calls(
-    codec: Codec, chat: str, prefix: str, n: int, sandbox: dict[str, Any] | None
-) -> list[Any]:
-    extra = {} if sandbox is None else {"sandbox": sandbox}
-    return [
-        codec.encode(
-            {
-                "type": "call",
-                "chat_id": chat,
-                "call_id": f"{prefix}{i}",
-                "tool": "execute",
-                "args": {"command": "true"},
-                "stream": False,
-            }
-            | extra
-        )
-        for i in range(n)
-    ]
 
 
 def run(ctx: BenchContext) -> ScenarioResult:
@@ -74,16 +53,13 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
         def variant(kind: str, c: int) -> Any:
             def measure(r: int) -> None:
-                codec = Codec("json")
-                chat = f"sandbox-{kind}-{c}-{r}"
-                frames = _calls(codec, chat, "p", n_calls, kinds[kind])
-                warm = _calls(codec, chat, "w", min(n_calls, 20), kinds[kind])
-                timed_ws(
+                pipelined_execute_true(
                     srv["toolwire"],
-                    lambda conn: pipelined_calls(conn, codec, frames, c),
-                    token=srv.token,
-                    subprotocol=codec.subprotocol,
-                    warmup=lambda conn: pipelined_calls(conn, codec, warm, c),
+                    srv.token,
+                    f"sandbox-{kind}-{c}-{r}",
+                    n_calls,
+                    c,
+                    sandbox=kinds[kind],
                 ).record(meas[(kind, c)])
 
             return agent(measure)
