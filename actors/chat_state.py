@@ -551,7 +551,7 @@ class ChatState:
                 call.held_accepted = (req.conn, accepted)
                 first = ()
             self._emit(
-                Follow(req.conn, spec.call_id, req.stream, False, first, FollowMode.SUBSCRIBE)
+                Follow(req.conn, spec.call_id, follower.stream, False, first, FollowMode.SUBSCRIBE)
             )
             self._forget_some()
             self._start(record, gated=gated)
@@ -598,8 +598,10 @@ class ChatState:
             if follower is not None:
                 if follower.owed:
                     # Its events stop now, but each request already made still gets its one
-                    # `result` (PROTOCOL.md 9.9).
+                    # `result` (PROTOCOL.md 9.9). What it streamed is over: a later request
+                    # follows as it asks, a `stream: false` one without `started` or output.
                     follower.detached = keep = True
+                    follower.stream = follower.resolved_events = False
                 else:
                     del call.followers[req.conn]
         self._emit(Detach(req.conn, req.call_id, keep))
@@ -941,13 +943,19 @@ class ChatState:
                 ],
             )
             return
+        before = call.followers.get(conn)
+        # An earlier request on this connection still owes the output it streams: the cursor
+        # may only move back, never skip any of it (PROTOCOL.md 9.9).
+        rewind_only = (
+            before is not None and before.stream and not before.detached and before.owed > 0
+        )
         follower = self._follower(call, conn, stream=stream)
         follower.owed += 1
         self._emit(
             Follow(
                 conn,
                 record.call_id,
-                stream,
+                follower.stream,
                 follower.resolved_events,
                 events,
                 FollowMode.LIVE,
@@ -955,6 +963,7 @@ class ChatState:
                 # After this request's `accepted`, and only to a connection that streams: a
                 # `stream: false` request never brings `started` (PROTOCOL.md 9.9).
                 call.started if follower.stream else None,
+                rewind_only,
             )
         )
 
@@ -987,7 +996,7 @@ class ChatState:
             events: tuple[Event, ...] = ()
             if record.state is RecordState.AWAITING_APPROVAL:
                 events = (self._approval_event(record, call),)
-            self._emit(Follow(conn, call_id, False, True, events, FollowMode.SUBSCRIBE))
+            self._emit(Follow(conn, call_id, follower.stream, True, events, FollowMode.SUBSCRIBE))
         if run.finished:
             # After each call's result above: deliveries keep their order.
             self._deliver(

@@ -348,8 +348,11 @@ class FollowMode:
 class Follow:
     """`conn` follows the call from now on (a detached follower follows again), `events` go
     to it first, in order; then, by `mode`: LIVE places the output cursor at `from_offset`
-    (never past output an earlier request on this connection still owes, PROTOCOL.md 9.9)
-    and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows)."""
+    (with `rewind_only`: only if that is earlier than where it is, since an earlier request on
+    this connection still owes the output in between, PROTOCOL.md 9.9) and sends `started`;
+    REPLAY marks a replay as queued (its `SendReplay` follows) and leaves the live follow as
+    it is. `stream` and `resolved_events` (LIVE and SUBSCRIBE) are how the connection follows
+    from now on, as ChatState decided them: the shell stores them as they are."""
 
     conn: Conn
     call_id: str
@@ -359,6 +362,7 @@ class Follow:
     mode: str
     from_offset: int | None = None
     started: StartedEvent | None = None
+    rewind_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +411,8 @@ class SendReplay:
 @dataclass(frozen=True, slots=True)
 class Detach:
     """`conn` stops receiving the call's events. `keep`: requests on it still wait for the
-    call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them."""
+    call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them; without it
+    the follow goes (a reply already queued for it still goes out)."""
 
     conn: Conn
     call_id: str

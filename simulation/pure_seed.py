@@ -357,6 +357,7 @@ class SeedWorld(World):
 
     def replay(self, effect: SendReplay) -> None:
         self._check_offset(effect.conn, effect.call_id, effect.from_offset)
+        super().replay(effect)
 
     def publish(self, effect: Publish) -> None:
         super().publish(effect)

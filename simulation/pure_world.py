@@ -23,7 +23,9 @@ from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
     AlreadyExited,
     ApprovalRestored,
+    AttachRequest,
     CallEnded,
+    CallRequest,
     CancelTimer,
     ClosedRestored,
     CloseFailed,
@@ -31,6 +33,7 @@ from toolwire.actors.effects import (
     Detach,
     Effect,
     Follow,
+    FollowMode,
     Forgotten,
     GroupEmpty,
     GroupGone,
@@ -66,6 +69,7 @@ from toolwire.actors.effects import (
     StopRun,
     ToolEnded,
     ToolStopped,
+    TurnRequest,
     WatchGroup,
 )
 from toolwire.actors.events import (
@@ -219,15 +223,24 @@ class World:
         self.follows: dict[str, set[Any]] = {}
         self.streams: set[tuple[Any, str]] = set()
         self.resolved: set[tuple[Any, str]] = set()
+        # Per (connection, call): the requests made that each wait for one result or replay
+        # (a call, an attach, a streamed turn's calls), the replays queued and not sent yet,
+        # and where the shell's output cursor is.
+        self.asked: Counter[tuple[Any, str]] = Counter()
+        self.replays_owed: Counter[tuple[Any, str]] = Counter()
+        self.cursors: dict[tuple[Any, str], int] = {}
+        self.asking: Input | None = None  # the request being handled
 
     # -- feeding -------------------------------------------------------------------------------
 
     def request(self, event: Input) -> bool:
         """A request: True if accepted, False if refused (then nothing may have changed)."""
         before = self.fingerprint()
+        self.asking = event
         try:
             effects = self.state.handle(event, self.now, self.wall_ms)
         except ToolwireError as refusal:
+            self.asking = None
             self.refusal = refusal  # what the Session would answer with (an `error`)
             require(
                 self.fingerprint() == before,
@@ -236,8 +249,33 @@ class World:
             )
             return False
         self.carry_out(effects)
+        self.asking = None
+        if isinstance(event, CallRequest | AttachRequest):
+            call_id = event.spec.call_id if isinstance(event, CallRequest) else event.call_id
+            self.asked[(event.conn, call_id)] += 1
+        elif isinstance(event, TurnRequest) and event.stream:
+            for spec in event.specs:
+                self.asked[(event.conn, spec.call_id)] += 1
         self.drain()
         return True
+
+    def asked_for(self, key: tuple[Any, str]) -> int:
+        """Requests on the connection still waiting for the call's live result (not for a
+        replay): what a detach must keep the follow for (PROTOCOL.md 9.9)."""
+        owed = self.owed[key[0]]
+        return self.asked[key] - owed.results[key[1]] - self.replays_owed[key]
+
+    def streams_asked(self) -> tuple[bool, bool]:
+        """Whether the request being handled streams, and whether it brings
+        `approval_resolved` without streaming (a `stream: false` turn)."""
+        asking = self.asking
+        if isinstance(asking, AttachRequest):
+            return True, False
+        if isinstance(asking, CallRequest):
+            return asking.stream, False
+        if isinstance(asking, TurnRequest):
+            return asking.stream, not asking.stream
+        return False, False
 
     def feed(self, event: Input) -> None:
         self.inbox.append(event)
@@ -322,19 +360,53 @@ class World:
     # The hooks a driver with a model of the world overrides (pure_seed.SeedWorld).
 
     def follow(self, effect: Follow) -> None:
+        key = (effect.conn, effect.call_id)
+        # Before this request: does an earlier one on the connection still owe the output
+        # it streams?
+        owes_output = key in self.streams and self.asked_for(key) > 0
         for event in effect.events:
             self.sent(effect.conn, event)
-        key = (effect.conn, effect.call_id)
         self.follows.setdefault(effect.call_id, set()).add(effect.conn)
-        if effect.stream:
+        stream, resolved = self.streams_asked()
+        if stream:
             self.streams.add(key)
-        if effect.resolved_events:
+        if resolved:
             self.resolved.add(key)
+        if effect.mode == FollowMode.REPLAY:
+            self.replays_owed[key] += 1
+            return
+        # How the connection follows from now on: streaming since any request asked for it
+        # (until a detach), `approval_resolved` too after a `stream: false` turn.
+        require(
+            effect.stream == (key in self.streams),
+            "b.stream_decided",
+            f"{effect.call_id}: follow says stream={effect.stream} to {effect.conn}",
+        )
+        require(
+            effect.resolved_events == (key in self.resolved),
+            "b.stream_decided",
+            f"{effect.call_id}: follow says resolved_events={effect.resolved_events}",
+        )
+        if effect.mode == FollowMode.LIVE:
+            # PROTOCOL.md 9.9: the cursor goes to the requested offset, but only back while an
+            # earlier request on the connection still owes output (the shell's rule applied to
+            # what ChatState decided, checked against what the requests asked).
+            wanted = effect.from_offset or 0
+            old = self.cursors.get(key, 0)
+            cursor = min(old, wanted) if effect.rewind_only else wanted
+            expected = min(old, wanted) if owes_output else wanted
+            require(
+                cursor == expected,
+                "b.cursor_skips",
+                f"{effect.call_id}: cursor of {effect.conn} at {cursor}, not {expected} "
+                f"(was {old}, asked {wanted})",
+            )
+            self.cursors[key] = cursor
         if effect.started is not None:
             self.streamed(effect.conn, effect.call_id, effect.started)
 
     def replay(self, effect: SendReplay) -> None:
-        pass
+        self.replays_owed[(effect.conn, effect.call_id)] -= 1
 
     def publish(self, effect: Publish) -> None:
         for conn in self.published_to(effect):
@@ -348,6 +420,13 @@ class World:
 
     def detach(self, effect: Detach) -> None:
         key = (effect.conn, effect.call_id)
+        # The follow stays exactly while a request on the connection waits for the call's
+        # live result (a queued replay goes out without it).
+        require(
+            effect.keep == (self.asked_for(key) > 0),
+            "b.detach_keep",
+            f"{effect.call_id}: detach keep={effect.keep} with {self.asked_for(key)} owed",
+        )
         self.streams.discard(key)
         self.resolved.discard(key)
         if not effect.keep:

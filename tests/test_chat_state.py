@@ -72,6 +72,7 @@ class ChatStateMachine(RuleBasedStateMachine):
     @initialize(keeps=st.booleans())
     def start(self, keeps: bool) -> None:
         self.world = World(journal_keeps_results=keeps)
+        self.sent_specs: list[CallSpec] = []
 
     conns = st.integers(0, 1)
     call_ids = st.sampled_from(CALL_IDS)
@@ -95,6 +96,14 @@ class ChatStateMachine(RuleBasedStateMachine):
             background=kind == "bg",
             approval=approval,
         )
+        if self.world.request(CallRequest(self.conn(conn), spec, stream, None)):
+            self.sent_specs.append(spec)
+
+    @precondition(lambda self: self.sent_specs)
+    @rule(conn=conns, data=st.data(), stream=st.booleans())
+    def call_again(self, conn: int, data: st.DataObject, stream: bool) -> None:
+        """A retry: a call sent before, again (on either connection, streaming or not)."""
+        spec = data.draw(st.sampled_from(self.sent_specs))
         self.world.request(CallRequest(self.conn(conn), spec, stream, None))
 
     @rule(conn=conns, call_id=call_ids, offset=st.integers(0, 5))
@@ -485,4 +494,35 @@ def test_a_failed_read_back_answers_unknown_once_and_the_saved_result_stays() ->
     world.read_back()
     world.quiesce()
     assert [e.result for e in answers if isinstance(e, ResultEvent)] == [saved]
+    world.check_all_answered()
+
+
+def test_a_stream_false_call_sent_again_after_a_detach_brings_no_started() -> None:
+    """PROTOCOL.md 9.9: a detach ends what the connection streamed; a `stream: false` repeat
+    of the call then follows without `started` or output (the follow kept for the first
+    request's result once carried its stream on, and `started` went out again)."""
+    world = World(journal_keeps_results=False)
+    cmd = CallSpec("k1", "execute", CALLS["cmd"][1])
+    assert world.request(CallRequest("a0", cmd, True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: it spawns, `started` goes
+    assert world.request(DetachRequest("a0", "k1"))
+    assert world.request(CallRequest("a0", cmd, False, None))
+    assert ("a0", "k1") not in world.streams
+    world.quiesce()
+    world.check_all_answered()
+
+
+def test_a_repeated_request_moves_the_cursor_back_only_while_output_is_owed() -> None:
+    """PROTOCOL.md 9.9: an attach from an offset after where an earlier request's output is
+    still owed leaves the cursor there; after a detach the next attach starts where it asks."""
+    world = World(journal_keeps_results=False)
+    cmd = CallSpec("k1", "execute", CALLS["cmd"][1])
+    assert world.request(CallRequest("a0", cmd, True, None))
+    world.commit(len(world.pending_writes))
+    assert world.request(AttachRequest("a0", "k1", 3, None))
+    assert world.cursors[("a0", "k1")] == 0, "the attach skipped output the call still owes"
+    assert world.request(DetachRequest("a0", "k1"))
+    assert world.request(AttachRequest("a0", "k1", 3, None))
+    assert world.cursors[("a0", "k1")] == 3
+    world.quiesce()
     world.check_all_answered()
