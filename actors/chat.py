@@ -75,7 +75,6 @@ class ChatActor:
         )
         self.processes = processes.ProcessTable(
             ctx.backend,
-            exited_retention_s=ctx.limits.exited_retention_s,
             retention_bytes=ctx.limits.output_retention_bytes,
             result_bytes=ctx.limits.result_output_bytes,
         )
@@ -177,7 +176,6 @@ class ChatActor:
     def sweep(self) -> None:
         """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
         self._request(fx.Sweep())
-        self.processes.sweep(trio.current_time())
 
     # -----------------------------------------------------------------------------------------
     # The interpreter
@@ -266,6 +264,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.SendReplay: lambda chat, e: chat.followers.send_replay(e),
     fx.Detach: lambda chat, e: chat.followers.detach(e),
     fx.Forgotten: lambda chat, e: chat.followers.forgotten(e),
+    fx.ShrinkOutput: lambda chat, e: chat.followers.shrink_output(e),
     fx.CallEnded: ChatActor._call_ended,
     fx.JournalWrite: lambda chat, e: chat.journal_effects.write(e),
     fx.JournalTouch: lambda chat, e: chat.journal_effects.touch(e),
@@ -282,6 +281,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.WatchGroup: lambda chat, e: chat.work.watch_group(e),
     fx.KillGroup: lambda chat, e: chat.work.kill_group(e),
     fx.MarkTimedOut: lambda chat, e: chat.work.mark_timed_out(e),
+    fx.DropProcess: lambda chat, e: chat.processes.drop(e.call_id),
     fx.StartTimer: lambda chat, e: chat.work.start_timer(e),
     fx.CancelTimer: lambda chat, e: chat.work.cancel_timer(e),
     fx.ShutdownDone: ChatActor._on_shutdown_done,

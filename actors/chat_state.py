@@ -44,6 +44,7 @@ from toolwire.actors.effects import (
     Deadline,
     Detach,
     DetachRequest,
+    DropProcess,
     Effect,
     Follow,
     FollowMode,
@@ -79,6 +80,7 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
     Shutdown,
     ShutdownDone,
     Spawn,
@@ -181,6 +183,8 @@ class ChatConfig:
     # The journal holds results: a published result leaves the heap (see `ResultCache`).
     journal_keeps_results: bool = False
     max_ids_per_request: int = MAX_IDS_PER_REQUEST
+    # How long an exited command stays listed for `process_output` (5.2).
+    exited_retention_s: float = 3600.0
 
 
 @dataclass(eq=False, slots=True)
@@ -248,6 +252,15 @@ class GroupState:
         """Its shell exited and nothing holds its output pipe: no member that could still
         print is left to stop."""
         return self.leader_exited and self.output_closed
+
+
+@dataclass(eq=False, slots=True)
+class ListedProcess:
+    """A command the chat's process listing shows (`process_list`, `process_output`), from its
+    spawn until `exited_retention_s` after it exited and its output ended (5.2)."""
+
+    exited_at: float | None = None  # trio time its shell exited
+    output_closed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -360,6 +373,7 @@ class ChatState:
         "_lane",
         "_lane_held",
         "_launching",
+        "_listed",
         "_now",
         "_out",
         "_processes_base",
@@ -417,6 +431,8 @@ class ChatState:
         # (Dicts used as sets: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
         self._launching: dict[str, None] = {}
         self._running_processes: dict[str, None] = {}
+        # The commands the shell lists, until they are dropped (None while there are none).
+        self._listed: dict[str, ListedProcess] | None = None
         # Deliveries waiting for results read back from the journal, in request order, and
         # what was at hand for them when the read began (the cache may evict it meanwhile).
         # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
@@ -493,6 +509,7 @@ class ChatState:
             or self._replies is not None
             or self._launching
             or self._running_processes
+            or self._listed
         )
 
     @property
@@ -1248,6 +1265,9 @@ class ChatState:
         call = self.calls.get(event.call_id)
         assert record is not None and call is not None
         self._running_processes[event.call_id] = None
+        if self._listed is None:
+            self._listed = {}
+        self._listed[event.call_id] = ListedProcess()
         group = GroupState(started_at_ms=record.started_at_ms or 0)
         self.groups[event.call_id] = group
         if call.kill_at is not None and isinstance(call.parsed, ExecuteArgs):
@@ -1282,6 +1302,9 @@ class ChatState:
 
     def _on_process_exited(self, event: ProcessExited) -> None:
         self._running_processes.pop(event.call_id, None)
+        listed = self._listed_process(event.call_id)
+        if listed is not None and listed.exited_at is None:
+            listed.exited_at = self._now
         group = self.groups.get(event.call_id)
         if group is not None:
             group.leader_exited = True
@@ -1299,6 +1322,11 @@ class ChatState:
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
 
     def _on_output_closed(self, event: OutputClosed) -> None:
+        # Nothing can print any more: an exited process keeps at most the result's size (5.2).
+        self._emit(ShrinkOutput(event.call_id))
+        listed = self._listed_process(event.call_id)
+        if listed is not None:
+            listed.output_closed = True
         group = self.groups.get(event.call_id)
         if group is not None:
             group.output_closed = True
@@ -1911,6 +1939,30 @@ class ChatState:
 
     def _on_sweep(self, event: Sweep) -> None:
         self._forget_some()
+        self._drop_exited_processes()
+
+    def _listed_process(self, call_id: str) -> ListedProcess | None:
+        return None if self._listed is None else self._listed.get(call_id)
+
+    def _drop_exited_processes(self) -> None:
+        """An exited command stays listed for `exited_retention_s` after its exit, and while
+        its output has not ended (something may still print to it): then it goes (5.2)."""
+        listed = self._listed
+        if listed is None:
+            return
+        keep_until = self._now - self.config.exited_retention_s
+        gone = [
+            call_id
+            for call_id, process in listed.items()
+            if process.exited_at is not None
+            and process.output_closed
+            and process.exited_at <= keep_until
+        ]
+        for call_id in gone:
+            del listed[call_id]
+            self._emit(DropProcess(call_id))
+        if not listed:
+            self._listed = None
 
     # -----------------------------------------------------------------------------------------
     # The journal
@@ -2138,5 +2190,6 @@ __all__ = [
     "ChatState",
     "Follower",
     "GroupState",
+    "ListedProcess",
     "TurnState",
 ]

@@ -289,7 +289,6 @@ class ChatWork:
             log.exception(
                 "output pump failed", extra={"chat_id": self.chat_id, "call_id": proc.process_id}
             )
-        self._followers.maybe_close_output(proc.process_id)
         self._feed(OutputClosed(proc.process_id))
 
     async def _reap(
@@ -309,6 +308,8 @@ class ChatWork:
             self._failed("waiting for the command's exit", proc.process_id)
             await _give_up(proc, self.processes)
             self._feed(ToolFailed(proc.process_id))
+            # It counts as exited now (nothing is known of it): its slot and listing end.
+            self._feed(ProcessExited(proc.process_id, _gone(proc.process_id)))
             return
         self._feed(ProcessExited(proc.process_id, snapshot))
 

@@ -167,4 +167,5 @@ class AgentContext:
             journal_enabled=self.journal.enabled,
             journal_keeps_results=self.journal.keeps_results,
             max_ids_per_request=self.limits.max_ids_per_request,
+            exited_retention_s=self.limits.exited_retention_s,
         )

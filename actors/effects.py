@@ -427,6 +427,15 @@ class Forgotten:
 
 
 @dataclass(frozen=True, slots=True)
+class ShrinkOutput:
+    """The command's output ended (nothing can print to it any more): its retained output
+    shrinks to the result's head and tail (PROTOCOL.md 5.2) once no connection still reads the
+    full retention from its cursor."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class CallEnded:
     """The call's result is durable and sent: count it and log it (operators)."""
 
@@ -556,6 +565,14 @@ class KillGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class DropProcess:
+    """The command exited and its output ended `exited_retention_s` ago: it leaves the
+    chat's process listing (PROTOCOL.md 5.2), and `process_output` no longer knows it."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class MarkTimedOut:
     """The command outlived its call's deadline: its listing says so from now on."""
 
@@ -590,6 +607,7 @@ Effect = (
     | SendReplay
     | Detach
     | Forgotten
+    | ShrinkOutput
     | CallEnded
     | JournalWrite
     | JournalTouch
@@ -605,6 +623,7 @@ Effect = (
     | StopGroup
     | WatchGroup
     | KillGroup
+    | DropProcess
     | MarkTimedOut
     | StartTimer
     | CancelTimer

@@ -19,18 +19,21 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
 )
 from toolwire.actors.outbox import Outbox, Subscription
 
 
 class _CallIO:
-    """The follows of one call, and whether its result went out."""
+    """The follows of one call, whether its result went out, and whether its command's
+    output is to shrink (`ShrinkOutput`) once no follower lags."""
 
-    __slots__ = ("published", "subs")
+    __slots__ = ("published", "shrink", "subs")
 
     def __init__(self) -> None:
         self.subs: dict[Outbox, Subscription] = {}
         self.published = False
+        self.shrink = False
 
 
 class Followers:
@@ -168,17 +171,30 @@ class Followers:
             for sub in io.subs.values():
                 sub.output_ready()
 
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        """ChatState decided the command's output shrinks (PROTOCOL.md 5.2): now, or once no
+        follower still reads the full retention from its cursor."""
+        proc = self.processes.get(effect.call_id)
+        if proc is None or proc.output.closed:
+            return
+        io = self._io.get(effect.call_id)
+        if io is None:
+            proc.output.close()
+            return
+        io.shrink = True
+        self.maybe_close_output(effect.call_id)
+
     def maybe_close_output(self, call_id: str) -> None:
-        """Shrink a finished process's output to the result's size once no follower lags:
-        while its call is followed the full retention stays (PROTOCOL.md 5.2). Then, once
-        the call is published and no follower needs its output, drop its follows."""
+        """Shrink a finished process's output to the result's size, as `ShrinkOutput` said,
+        once no follower lags. Then, once the call is published and no follower needs its
+        output, drop its follows."""
         io = self._io.get(call_id)
         if io is None:
             return
         proc = self.processes.get(call_id)
         if proc is not None and not proc.output.closed:
-            if not proc.output_closed.is_set():
-                return  # the command may still print
+            if not io.shrink:
+                return  # not decided yet: the command may still print
             subs = io.subs
             for outbox, sub in list(subs.items()):
                 if not sub.active or outbox.closed:

@@ -42,6 +42,7 @@ from toolwire.actors.effects import (
     Deadline,
     Detach,
     DetachRequest,
+    DropProcess,
     Follow,
     FollowMode,
     GraceOver,
@@ -57,6 +58,7 @@ from toolwire.actors.effects import (
     Publish,
     RunTool,
     SendReplay,
+    ShrinkOutput,
     Shutdown,
     Spawn,
     Spawned,
@@ -608,6 +610,26 @@ class SeedWorld(World):
         if not group.closed_fed and group.exited_fed and group.pipe_closed_at() <= self.now + _EPS:
             group.closed_fed = True
             self.feed(OutputClosed(call_id))
+
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        group = self.groups_model.get(effect.call_id)
+        require(
+            group is None or group.closed_fed,
+            "p.shrunk_early",
+            f"{effect.call_id[:8]}: its output shrinks while the command may still print",
+        )
+
+    def drop_process(self, effect: DropProcess) -> None:
+        group = self.groups_model.get(effect.call_id)
+        require(
+            group is None
+            or (
+                group.closed_fed
+                and group.shell_death + self.config.exited_retention_s <= self.now + _EPS
+            ),
+            "p.dropped_early",
+            f"{effect.call_id[:8]}: dropped from the listing before its retention ran out",
+        )
 
     def signal(self, call_id: str, group: Group, name: str) -> None:
         self.sim.trace.add(SIGNAL, self.now, self.generation, self.chat_id, call_id, name)

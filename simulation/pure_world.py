@@ -31,6 +31,7 @@ from toolwire.actors.effects import (
     CloseFailed,
     Deadline,
     Detach,
+    DropProcess,
     Effect,
     Follow,
     FollowMode,
@@ -61,6 +62,7 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
     ShutdownDone,
     Spawn,
     Spawned,
@@ -97,6 +99,7 @@ from toolwire.actors.tools.registry import TOOLS
 
 FORGET_AFTER_S = 30.0
 GATE_TIMEOUT_S = 20.0
+EXITED_RETENTION_S = 60.0
 
 
 class Broken(AssertionError):
@@ -126,6 +129,9 @@ class Proc:
     state: str = "running"  # running -> zombie (exited, not reaped) -> reaped
     stopping: str | None = None  # "term" while the grace runs, "kill" after SIGKILL
     output_closed: bool = False
+    shrunk: bool = False  # its retained output shrank to the result's size (5.2)
+    exited_at: float | None = None  # when its shell was reaped
+    dropped: bool = False  # it left the chat's process listing (5.2)
 
 
 @dataclass
@@ -151,6 +157,7 @@ def default_config(keeps: bool) -> ChatConfig:
         forget_after_s=FORGET_AFTER_S,
         kill_grace_s=2.0,
         approval_timeout_s=GATE_TIMEOUT_S,
+        exited_retention_s=EXITED_RETENTION_S,
         journal_enabled=True,
         journal_keeps_results=keeps,
     )
@@ -352,6 +359,10 @@ class World:
                 self.unfollow(effect.call_id)
             elif isinstance(effect, ShutdownDone):
                 self.shutdown_done()
+            elif isinstance(effect, ShrinkOutput):
+                self.shrink_output(effect)
+            elif isinstance(effect, DropProcess):
+                self.drop_process(effect)
             elif isinstance(effect, CallEnded | MarkTimedOut):
                 pass
             else:  # pragma: no cover - a new effect the machine must learn
@@ -454,6 +465,44 @@ class World:
                 "b.event_before_accepted",
                 f"{call_id}: approval_resolved to {conn}, which no request asked for it",
             )
+
+    def drop_process(self, effect: DropProcess) -> None:
+        """5.2: exited processes stay listed for `exited_retention_s` after their exit."""
+        proc = self.procs.get(effect.call_id)
+        require(
+            proc is not None
+            and proc.exited_at is not None
+            and proc.output_closed
+            and proc.exited_at + self.config.exited_retention_s <= self.now,
+            "p.dropped_early",
+            f"{effect.call_id}: dropped from the listing before its retention ran out",
+        )
+        assert proc is not None
+        proc.dropped = True
+
+    def check_listing(self) -> None:
+        """After a sweep: every process past its retention has left the listing (5.2)."""
+        for call_id, proc in self.procs.items():
+            require(
+                proc.dropped
+                or proc.exited_at is None
+                or not proc.output_closed
+                or proc.exited_at + self.config.exited_retention_s > self.now,
+                "p.listed_too_long",
+                f"{call_id}: still listed {self.now - (proc.exited_at or 0):.0f}s after its exit",
+            )
+
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        """5.2: an exited command's retained output shrinks to the result's size, but never
+        while something could still print to it."""
+        proc = self.procs.get(effect.call_id)
+        require(
+            proc is not None and proc.output_closed,
+            "p.shrunk_early",
+            f"{effect.call_id}: its output shrinks while the command may still print",
+        )
+        assert proc is not None
+        proc.shrunk = True
 
     def shutdown_done(self) -> None:
         """The chat's part of a shutdown is over (the agent then makes the journal durable)."""
@@ -729,6 +778,7 @@ class World:
         if proc.state == "reaped":
             return
         proc.state = "reaped"
+        proc.exited_at = self.now
         self.feed(ProcessExited(call_id, self.snapshot(call_id)))
         if not proc.output_closed:
             proc.output_closed = True
@@ -762,6 +812,13 @@ class World:
         self.feed(ResultsRead(found))
 
     def check_all_answered(self) -> None:
+        for call_id, proc in self.procs.items():
+            # 5.2: an idle agent holds at most the result's size of an exited process.
+            require(
+                proc.shrunk or not proc.output_closed,
+                "p.output_kept",
+                f"{call_id}: its output ended but keeps the full retention",
+            )
         for conn, owed in self.owed.items():
             if conn not in self.conns:
                 continue  # a connection of an agent that died: its replies died with it

@@ -49,7 +49,7 @@ from toolwire.actors.results import (
     ToolReport,
     text_killed_after,
 )
-from toolwire.simulation.pure_world import World, Written
+from toolwire.simulation.pure_world import EXITED_RETENTION_S, World, Written
 
 CALL_IDS = ["k1", "k2", "k3", "k4"]
 # The tools the machine calls, by what they make the state machine do: a command (a process
@@ -210,6 +210,7 @@ class ChatStateMachine(RuleBasedStateMachine):
         self.world.now += seconds
         self.world.wall_ms += int(seconds * 1000)
         self.world.request(Sweep())
+        self.world.check_listing()
 
     @rule(n=st.integers(1, 2))
     def journal_refuses(self, n: int) -> None:
@@ -246,6 +247,12 @@ class ChatStateMachine(RuleBasedStateMachine):
             self.world.quiesce()
             self.world.check_all_answered()
             assert self.world.state.replies_waiting == 0, "a reply still waits in a quiet chat"
+            # What exited stays listed for its retention (a sweep now drops none of it), and
+            # leaves the listing once that has passed (5.2).
+            self.world.request(Sweep())
+            self.world.now += EXITED_RETENTION_S
+            self.world.request(Sweep())
+            self.world.check_listing()
 
 
 # The suite's share; TOOLWIRE_STATE_EXAMPLES=20000 for a long search.
