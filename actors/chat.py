@@ -241,7 +241,11 @@ class ChatActor:
                     type(effect).__name__,
                     extra={"chat_id": self.chat_id, "call_id": call_id},
                 )
-                self._inbox.append(fx.ToolFailed(call_id))
+                if isinstance(effect, fx.StopGroup | fx.KillGroup | fx.WatchGroup):
+                    # Its report will never come: ChatState decides what now (GroupLost).
+                    self._inbox.append(fx.GroupLost(call_id))
+                else:
+                    self._inbox.append(fx.ToolFailed(call_id))
 
     def _run_tool(self, effect: fx.RunTool) -> None:
         if effect.on_loop:  # ends within this call: no ChatWork made for it

@@ -53,6 +53,7 @@ from toolwire.actors.effects import (
     GraceOver,
     GroupEmpty,
     GroupGone,
+    GroupLost,
     GroupStopped,
     Input,
     InterruptRequest,
@@ -1441,7 +1442,16 @@ class ChatState:
         if reason == "cancel":
             group.canceled = True
         group.lingering = reason == "linger"
-        self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited, reason))
+        self._emit(
+            StopGroup(
+                call_id,
+                self.config.kill_grace_s,
+                unless_exited,
+                only_if_alive=reason != "cancel",
+                timed_out=reason == "kill_after",
+                canceled=reason == "cancel",
+            )
+        )
 
     def _on_already_exited(self, event: AlreadyExited) -> None:
         """The command had already exited: the call finished first, so its real result stands
@@ -1475,7 +1485,7 @@ class ChatState:
             # the same, as a cancel of an ended call stops it (5.3): the reply waits for it.
             # The call itself keeps its real result (not `canceled`: the cancel did not end it).
             group.stopping = "term"
-            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False))
+            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, canceled=True))
 
     def _on_group_empty(self, event: GroupEmpty | GraceOver) -> None:
         """The grace is over (or nothing is left to give it to): SIGKILL whatever is left, so
@@ -1485,6 +1495,26 @@ class ChatState:
             return
         group.stopping = "kill"
         self._emit(KillGroup(event.call_id))
+
+    def _on_group_lost(self, event: GroupLost) -> None:
+        """A step on the group failed in the shell: the call ends `unknown` (its effect may
+        have happened; nothing more will tell), and the group gets SIGKILL, so nothing of it
+        runs on unseen. If the SIGKILL is what failed, nothing of the group can be known any
+        more: it is given up, so what waits for it (a cancel, a close, the shutdown) ends."""
+        record = self.records.get(event.call_id)
+        if record is not None and not record.done:
+            self._finish(record, self._failure_result(record))
+        group = self.groups.get(event.call_id)
+        if group is None:
+            return
+        if group.stopping != "kill":
+            group.stopping = "kill"
+            self._emit(KillGroup(event.call_id))
+            return
+        del self.groups[event.call_id]
+        self._running_processes.pop(event.call_id, None)
+        if group.kill_after_ms is not None:
+            self._emit(CancelTimer((event.call_id, "kill_after")))
 
     def _on_group_stopped(self, event: GroupStopped) -> None:
         group = self.groups.get(event.call_id)
@@ -2118,6 +2148,7 @@ _HANDLER_NAMES: dict[type, str] = {
     GraceOver: "_on_group_empty",
     GroupStopped: "_on_group_stopped",
     GroupGone: "_on_group_gone",
+    GroupLost: "_on_group_lost",
     Deadline: "_on_deadline",
     GateExpired: "_on_gate_expired",
     KillAfter: "_on_kill_after",

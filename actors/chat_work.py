@@ -321,14 +321,12 @@ class ChatWork:
         if effect.unless_exited and processes.has_exited(proc):
             self._feed(AlreadyExited(effect.call_id))
             return
-        if effect.reason in ("kill_after", "linger"):
-            if not proc.handle.group_alive():
-                self._feed(AlreadyExited(effect.call_id))
-                return
-            if effect.reason == "kill_after":
-                proc.timed_out = True
-            # "linger": the command ended on its own; its listing keeps that exit.
-        else:
+        if effect.only_if_alive and not proc.handle.group_alive():
+            self._feed(AlreadyExited(effect.call_id))
+            return
+        if effect.timed_out:
+            proc.timed_out = True
+        if effect.canceled:
             proc.canceled = True
         self._spawn(self._term_task, proc, effect.grace_s)
 

@@ -209,6 +209,14 @@ class GroupStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupLost:
+    """A step on the command's process group (a stop, a kill, a watch) failed in the shell at
+    once (logged): what that step would have reported will never come."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class GroupGone:
     """A watched group (`WatchGroup`) has no member left."""
 
@@ -317,6 +325,7 @@ Input = (
     | GraceOver
     | GroupStopped
     | GroupGone
+    | GroupLost
     | Deadline
     | GateExpired
     | KillAfter
@@ -536,16 +545,18 @@ class Spawn:
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
-    already exited is left alone and `AlreadyExited` is fed instead. `reason`: "cancel" (its
-    listing says canceled), "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
-    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`) or
-    "linger" (a watched group, see `WatchGroup`: only stopped with a member alive, else
-    `AlreadyExited`; its listing keeps the shell's own exit)."""
+    already exited is left alone and `AlreadyExited` is fed instead; with `only_if_alive`, so
+    is a group with no member alive (a hard deadline's stop, 9.2, or what lingers of a spent
+    group at a close or a shutdown). What the command's listing (`process_output`) says from
+    now on: `timed_out` (its hard deadline stopped it), `canceled` (a stop a client asked for,
+    5.3); neither: it keeps the shell's own exit."""
 
     call_id: str
     grace_s: float
     unless_exited: bool
-    reason: str = "cancel"
+    only_if_alive: bool = False
+    timed_out: bool = False
+    canceled: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -611,6 +611,10 @@ class SeedWorld(World):
             group.closed_fed = True
             self.feed(OutputClosed(call_id))
 
+    def spent(self, call_id: str) -> bool:
+        group = self.groups_model.get(call_id)
+        return group is not None and group.exited_fed and group.closed_fed
+
     def shrink_output(self, effect: ShrinkOutput) -> None:
         group = self.groups_model.get(effect.call_id)
         require(
@@ -645,7 +649,7 @@ class SeedWorld(World):
         if effect.unless_exited and group.shell_death <= self.now:
             self.inbox.append(AlreadyExited(call_id))
             return
-        if effect.reason in ("kill_after", "linger") and not group.alive(self.now):
+        if effect.only_if_alive and not group.alive(self.now):
             self.inbox.append(AlreadyExited(call_id))
             return
         if group.first_term is None:

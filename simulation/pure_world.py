@@ -27,6 +27,7 @@ from toolwire.actors.effects import (
     CallEnded,
     CallRequest,
     CancelTimer,
+    CloseChatRequest,
     ClosedRestored,
     CloseFailed,
     Deadline,
@@ -38,6 +39,7 @@ from toolwire.actors.effects import (
     Forgotten,
     GroupEmpty,
     GroupGone,
+    GroupLost,
     GroupStopped,
     Input,
     JournalApproveTool,
@@ -48,6 +50,7 @@ from toolwire.actors.effects import (
     JournalReopen,
     JournalTouch,
     JournalWrite,
+    KillAfter,
     KillGroup,
     MarkTimedOut,
     OutputClosed,
@@ -63,6 +66,7 @@ from toolwire.actors.effects import (
     SendReplay,
     SendResult,
     ShrinkOutput,
+    Shutdown,
     ShutdownDone,
     Spawn,
     Spawned,
@@ -237,13 +241,15 @@ class World:
         self.replays_owed: Counter[tuple[Any, str]] = Counter()
         self.cursors: dict[tuple[Any, str], int] = {}
         self.asking: Input | None = None  # the request being handled
+        self.handling: Input | None = None  # the input being handled (a request or a report)
+        self.group_failures = 0  # how many of the next steps on a process group fail at once
 
     # -- feeding -------------------------------------------------------------------------------
 
     def request(self, event: Input) -> bool:
         """A request: True if accepted, False if refused (then nothing may have changed)."""
         before = self.fingerprint()
-        self.asking = event
+        self.asking = self.handling = event
         try:
             effects = self.state.handle(event, self.now, self.wall_ms)
         except ToolwireError as refusal:
@@ -291,6 +297,7 @@ class World:
     def drain(self) -> None:
         while self.inbox:
             event = self.inbox.popleft()
+            self.handling = event
             self.carry_out(self.state.handle(event, self.now, self.wall_ms))
 
     def fingerprint(self) -> Any:
@@ -342,7 +349,15 @@ class World:
                 self.stop_run(effect)
             elif isinstance(effect, Spawn):
                 self.spawn(effect)
+            elif isinstance(effect, StopGroup | KillGroup | WatchGroup) and self.group_failures:
+                # The shell could not carry the step out (it logged why): ChatState is told.
+                self.group_failures -= 1
+                proc = self.procs.get(effect.call_id)
+                if proc is not None and proc.stopping == "waiting":
+                    proc.stopping = None  # its SIGKILL never went: it lives on its own
+                self.inbox.append(GroupLost(effect.call_id))
             elif isinstance(effect, StopGroup):
+                self.check_stop(effect)
                 self.stop_group(effect)
             elif isinstance(effect, KillGroup):
                 self.kill_group(effect)
@@ -516,11 +531,37 @@ class World:
         self.procs[effect.call_id] = Proc()
         self.inbox.append(Spawned(effect.call_id, 4242, self.snapshot(effect.call_id)))
 
+    def check_stop(self, effect: StopGroup) -> None:
+        """What a stop tells the command's listing, from why it happens (5.3, 9.2, 9.3, 9.6):
+        its hard deadline: `timed_out`, and only a group with a member alive is stopped; what
+        lingers of a spent group at a close or a shutdown: neither flag, only if alive; any
+        other stop a client asked for: `canceled`."""
+        why = self.handling
+        if isinstance(why, KillAfter):
+            expected = (True, True, False)
+        elif isinstance(why, AlreadyExited):
+            expected = (False, False, True)  # what the call left holding its pipe
+        else:
+            lingers = self.spent(effect.call_id) and isinstance(why, CloseChatRequest | Shutdown)
+            expected = (True, False, False) if lingers else (False, False, True)
+        got = (effect.only_if_alive, effect.timed_out, effect.canceled)
+        require(
+            got == expected,
+            "p.stop_flags",
+            f"{effect.call_id}: a stop for {type(why).__name__} says (only_if_alive, timed_out, "
+            f"canceled) {got}, not {expected}",
+        )
+
+    def spent(self, call_id: str) -> bool:
+        """The command's shell was reaped and its output ended (as ChatState was told)."""
+        proc = self.procs.get(call_id)
+        return proc is not None and proc.state == "reaped" and proc.output_closed
+
     def stop_group(self, effect: StopGroup) -> None:
         proc = self.procs[effect.call_id]
         if effect.unless_exited and proc.state != "running":
             self.inbox.append(AlreadyExited(effect.call_id))
-        elif effect.reason in ("kill_after", "linger") and proc.state == "reaped":
+        elif effect.only_if_alive and proc.state == "reaped":
             self.inbox.append(AlreadyExited(effect.call_id))  # no member left
         else:
             proc.stopping = "term"

@@ -217,6 +217,12 @@ class ChatStateMachine(RuleBasedStateMachine):
         self.world.refusals = n
 
     @rule()
+    def a_group_step_fails(self) -> None:
+        """The shell cannot carry out the next step on a process group (a stop, a kill, a
+        watch): the call ends `unknown`, and nothing waits for that group forever."""
+        self.world.group_failures = 1
+
+    @rule()
     def journal_refuses_the_close(self) -> None:
         self.world.close_refusals = 1
 
@@ -532,4 +538,22 @@ def test_a_repeated_request_moves_the_cursor_back_only_while_output_is_owed() ->
     assert world.request(AttachRequest("a0", "k1", 3, None))
     assert world.cursors[("a0", "k1")] == 3
     world.quiesce()
+    world.check_all_answered()
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_group_step_that_fails_at_once_lets_the_shutdown_finish(failures: int) -> None:
+    """The shutdown's stop of a running command fails in the shell at once (and, with 2, the
+    SIGKILL that follows too): the call ends `unknown`, the group is killed or given up, and
+    the shutdown is over instead of waiting for a report that never comes (9.3)."""
+    world = _StopWorld(journal_keeps_results=False)
+    world.request(CallRequest("a0", CallSpec("k1", "execute", CALLS["cmd"][1]), True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: the command runs
+    world.group_failures = failures
+    world.feed(Shutdown())
+    world.quiesce()
+    assert world.shutdowns_done == 1, "the shutdown waits for a group step that failed"
+    assert "k1" not in world.state.groups
+    result = world.committed["k1"].result
+    assert result is not None and result.outcome is Outcome.UNKNOWN
     world.check_all_answered()
