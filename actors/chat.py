@@ -167,11 +167,10 @@ class ChatActor:
         """Rebuild one record from the journal after a restart."""
         self._request(fx.Restored(row, touched_at))
 
-    def restore_approval(self, tool: str) -> None:
-        self._request(fx.ApprovalRestored(tool))
-
-    def restore_closed(self) -> None:
-        self._request(fx.ClosedRestored())
+    def recovered(self, approved_tools: tuple[str, ...], closed: bool) -> None:
+        """After its records: what else the journal kept of the chat (ChatState decides what
+        of it still holds)."""
+        self._request(fx.Recovered(approved_tools, closed))
 
     def sweep(self) -> None:
         """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""

@@ -29,7 +29,6 @@ from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
 from toolwire.actors.effects import (
     AlreadyExited,
-    ApprovalRestored,
     ApproveRequest,
     AttachRequest,
     CallEnded,
@@ -37,7 +36,6 @@ from toolwire.actors.effects import (
     CancelRequest,
     CancelTimer,
     CloseChatRequest,
-    ClosedRestored,
     CloseDurable,
     CloseFailed,
     Conn,
@@ -73,6 +71,7 @@ from toolwire.actors.effects import (
     ProcessSnapshot,
     Publish,
     ReadBack,
+    Recovered,
     Restored,
     ResultDurable,
     ResultsRead,
@@ -2090,18 +2089,26 @@ class ChatState:
                     )
                 )
 
-    def _on_approval_restored(self, event: ApprovalRestored) -> None:
-        """A tool approved with scope "chat" before a restart: approved again, and a gate of it
-        that was parked when the agent died (its opening not yet durable) opens."""
-        if event.tool not in self.approved_tools:
-            self.approved_tools += (event.tool,)
-        self._open_approved(event.tool)
-
-    def _on_closed_restored(self, event: ClosedRestored) -> None:
-        """Closed before a restart (its close row was durable): still closed, while it has
-        records (the agent drops the row of a chat that has none)."""
-        self.closed = True
-        self._close_row = _CLOSE_DURABLE
+    def _on_recovered(self, event: Recovered) -> None:
+        """After its records, what the journal kept of the chat. An approval lasts while the
+        chat has records (9.5), and a closed chat whose records are all forgotten is gone, its
+        id free again (9.6): with records, each approved tool is approved again (a gate of it
+        parked when the agent died, its opening not yet durable, opens) and a durable close
+        keeps the chat closed; without (a crash between forgetting the last record and these
+        rows), the rows are dropped."""
+        if not self.records:
+            if event.approved_tools and self.config.journal_enabled:
+                self._emit(JournalForgetApprovals())
+            if event.closed:
+                self._emit(JournalReopen())
+            return
+        for tool in event.approved_tools:
+            if tool not in self.approved_tools:
+                self.approved_tools += (tool,)
+            self._open_approved(tool)
+        if event.closed:
+            self.closed = True
+            self._close_row = _CLOSE_DURABLE
 
     # -----------------------------------------------------------------------------------------
 
@@ -2155,8 +2162,7 @@ _HANDLER_NAMES: dict[type, str] = {
     ResultsRead: "_on_results_read",
     ResultsReadFailed: "_on_results_read_failed",
     Restored: "_on_restored",
-    ApprovalRestored: "_on_approval_restored",
-    ClosedRestored: "_on_closed_restored",
+    Recovered: "_on_recovered",
     CloseDurable: "_on_close_durable",
     CloseFailed: "_on_close_failed",
     Shutdown: "_on_shutdown",

@@ -269,15 +269,13 @@ class Restored:
 
 
 @dataclass(frozen=True, slots=True)
-class ApprovalRestored:
-    """A tool this chat approved with scope "chat" before the restart."""
+class Recovered:
+    """Every record of this chat is rebuilt (`Restored`); what else the journal held for it:
+    the tools it approved with scope "chat" (9.5) and whether its close row (9.6) was durable.
+    ChatState decides what of it still holds."""
 
-    tool: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClosedRestored:
-    """This chat was closed (9.6) before the restart, and the close row was durable."""
+    approved_tools: tuple[str, ...] = ()
+    closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +330,7 @@ Input = (
     | ResultsRead
     | ResultsReadFailed
     | Restored
-    | ApprovalRestored
-    | ClosedRestored
+    | Recovered
     | CloseDurable
     | CloseFailed
     | Shutdown

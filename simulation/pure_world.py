@@ -22,13 +22,11 @@ from typing import Any
 from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
     AlreadyExited,
-    ApprovalRestored,
     AttachRequest,
     CallEnded,
     CallRequest,
     CancelTimer,
     CloseChatRequest,
-    ClosedRestored,
     CloseFailed,
     Deadline,
     Detach,
@@ -58,6 +56,7 @@ from toolwire.actors.effects import (
     ProcessSnapshot,
     Publish,
     ReadBack,
+    Recovered,
     Restored,
     ResultsRead,
     ResultsReadFailed,
@@ -760,19 +759,26 @@ class World:
         rows = sorted(self.committed.values(), key=lambda row: row.touched_at_ms)
         for row in rows:
             self.request(Restored(row, self.now - 1.0))
-        for tool in sorted(self.approvals):
-            if self.state.records:
-                self.request(ApprovalRestored(tool))
-        if self.closed_row:
-            # As the agent: still closed while it has records, else gone (its row dropped).
-            if self.state.records:
-                self.request(ClosedRestored())
-            else:
-                self.pending_writes.append(JournalReopen())
+        approvals = set(self.approvals)
+        if approvals or self.closed_row:
+            self.request(Recovered(tuple(sorted(approvals)), self.closed_row))
+        # 9.6: still closed while it has records, else gone (its row dropped); 9.5: the same
+        # for the approvals.
         require(
             self.state.closed == (self.closed_row and bool(self.state.records)),
             "x.close_not_restored",
             "after a restart the chat is closed exactly when its close survived with records",
+        )
+        require(
+            set(self.state.approved_tools) == (approvals if self.state.records else set()),
+            "x.approvals_not_restored",
+            "after a restart the chat's approvals hold exactly while it has records",
+        )
+        self.commit(len(self.pending_writes))
+        require(
+            bool(self.state.records) or not (self.closed_row or self.approvals),
+            "x.stale_rows",
+            "a chat with no record kept its close or approval rows",
         )
         self.commit(len(self.pending_writes))  # recovery is durable before requests come
 

@@ -49,7 +49,7 @@ from toolwire.actors.results import (
     ToolReport,
     text_killed_after,
 )
-from toolwire.simulation.pure_world import EXITED_RETENTION_S, World, Written
+from toolwire.simulation.pure_world import EXITED_RETENTION_S, FORGET_AFTER_S, World, Written
 
 CALL_IDS = ["k1", "k2", "k3", "k4"]
 # The tools the machine calls, by what they make the state machine do: a command (a process
@@ -556,4 +556,27 @@ def test_a_group_step_that_fails_at_once_lets_the_shutdown_finish(failures: int)
     assert "k1" not in world.state.groups
     result = world.committed["k1"].result
     assert result is not None and result.outcome is Outcome.UNKNOWN
+    world.check_all_answered()
+
+
+def test_a_chat_scope_approval_survives_a_restart_while_the_chat_has_records() -> None:
+    """9.5: a tool approved for the whole chat stays approved after a restart (a new call of it
+    runs without a gate) for as long as the chat has records, and goes with the last one."""
+    world = World(journal_keeps_results=False)
+    gated = CallSpec("k1", "write_file", CALLS["write"][1], approval=True)
+    assert world.request(CallRequest("a0", gated, False, None))
+    world.commit(len(world.pending_writes))  # the parked gate's row
+    assert world.request(ApproveRequest("a0", "k1", True, None, None, "chat"))
+    world.quiesce()
+    world.restart()
+    assert world.state.approved_tools == ("write_file",)
+    again = CallSpec("k2", "write_file", CALLS["write"][1], approval=True)
+    assert world.request(CallRequest(world.conns[0], again, False, None))
+    assert world.state.records.get("k2").state.wire_state != "awaiting_approval"  # type: ignore[union-attr]
+    world.quiesce()
+    world.now += 2 * FORGET_AFTER_S
+    world.request(Sweep())  # every record is forgotten: the approval goes with them
+    world.commit(len(world.pending_writes))
+    world.restart()
+    assert world.state.approved_tools == () and not world.approvals
     world.check_all_answered()
