@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from toolwire.actors import effects as fx
-from toolwire.actors import observe, processes
+from toolwire.actors import observe, processes, reservations
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
 from toolwire.actors.chat_work import ChatWork, run_on_loop
@@ -30,6 +30,7 @@ from toolwire.actors.followers import Followers
 from toolwire.actors.journal_effects import JournalEffects
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.outbox import Outbox
+from toolwire.actors.planner import Reservation
 from toolwire.actors.records import RecordTable
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.task_host import TaskFn, TaskHost
@@ -144,7 +145,17 @@ class ChatActor:
     def turn(
         self, outbox: Outbox, turn_id: str, specs: list[CallSpec], *, stream: bool, rid: Any
     ) -> None:
-        self._request(fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid))
+        self._request(
+            fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid, self._reserve(specs))
+        )
+
+    def _reserve(self, specs: list[CallSpec]) -> tuple[Reservation, ...]:
+        """What the turn's calls reserve, their paths resolved here, in the shell (5.6). Not for
+        a turn naming more calls than a request may: ChatState refuses it, and resolving its
+        paths would hold the loop for nothing (issue 27)."""
+        if len(specs) > self.state.config.max_ids_per_request:
+            return ()
+        return reservations.reserve(specs, self.ctx.workspace)
 
     def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
         self._request(fx.InterruptRequest(outbox, turn_id, rid))

@@ -143,7 +143,6 @@ from toolwire.actors.tools.registry import (
     ToolKind,
     lookup,
     parse_args,
-    reserves_of,
 )
 
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
@@ -172,7 +171,6 @@ MAX_IDS_PER_REQUEST = 1_000
 class ChatConfig:
     """What every chat of one agent shares: policy and limits, no clocks and no I/O."""
 
-    workspace: str
     max_processes_per_chat: int
     forget_after_s: float
     kill_grace_s: float
@@ -722,11 +720,9 @@ class ChatState:
             raise self._closed_error()
         fingerprints = check_new_turn(self.records, specs)
         self._check_room_for_records(sum(1 for s in specs if self.records.get(s.call_id) is None))
-        segments = planner.plan_segments(
-            [planner.PlannedCall(s.call_id, reserves_of(s.tool), s.args) for s in specs],
-            self.config.workspace,
-        )
         call_ids = [s.call_id for s in specs]
+        # The shell resolved the paths (canonical already): no filesystem call here.
+        segments = planner.plan_segments(call_ids, req.reservations)
         run = TurnState(req.turn_id, call_ids, fingerprint, segments, members=frozenset(call_ids))
         self.turns[req.turn_id] = run
         created: list[str] = []

@@ -20,6 +20,7 @@ import msgspec
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.events import Event, Rid, StartedEvent
 from toolwire.actors.journal_rows import JournalRow
+from toolwire.actors.planner import Reservation
 from toolwire.actors.results import Result, ToolReport
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -84,11 +85,15 @@ class CancelRequest:
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
+    """`reservations`: what each of `specs` reserves, in order, its paths resolved by the shell
+    (actors/reservations.py), so that planning the turn makes no filesystem call."""
+
     conn: Conn
     turn_id: str
     specs: tuple[CallSpec, ...]
     stream: bool
     rid: Rid
+    reservations: tuple[Reservation, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,7 @@ from toolwire.actors.events import (
     ResultEvent,
     TurnResultEvent,
 )
+from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_FAILURE_BEFORE_RUN,
@@ -142,6 +143,9 @@ from toolwire.simulation.trace import (
 RUN_DEADLINE_S = 900.0
 RESULT_CACHE_SIZES = (0, 1, 3, 1024)
 _EPS = 1e-9
+
+# Where the seed's chats say their files are (in memory: nothing on disk there).
+WORKSPACE = "/ws"
 
 
 def _sha(data: bytes) -> str:
@@ -1264,7 +1268,6 @@ class PureSim:
         cache = random.Random(f"{plan.seed}/cache").choice(RESULT_CACHE_SIZES)
         limits = Limits()
         config = ChatConfig(
-            workspace="/ws",
             max_processes_per_chat=limits.max_processes_per_chat,
             forget_after_s=limits.forget_after_s,
             kill_grace_s=plan.kill_grace_s,
@@ -1595,7 +1598,10 @@ def _as_input(conn: int, req: Request) -> tuple[Input, int]:
         case ApproveReq():
             return ApproveRequest(conn, req.call_id, req.approved, req.rid, None, req.scope), 1
         case TurnReq():
-            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid), 1
+            # As the shell does: each call's reservation read first (the seed's files are in
+            # memory under a workspace that does not exist on disk: nothing there to follow).
+            reservations = reserve(req.specs, WORKSPACE)
+            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid, reservations), 1
         case InterruptReq():
             return InterruptRequest(conn, req.turn_id, req.rid), 1
         case CloseChatReq():

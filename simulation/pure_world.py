@@ -155,7 +155,6 @@ class Owed:
 
 def default_config(keeps: bool) -> ChatConfig:
     return ChatConfig(
-        workspace="/ws",
         max_processes_per_chat=3,
         forget_after_s=FORGET_AFTER_S,
         kill_grace_s=2.0,

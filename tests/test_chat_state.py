@@ -35,12 +35,14 @@ from toolwire.actors.effects import (
     CloseChatRequest,
     DetachRequest,
     InterruptRequest,
+    Send,
     Shutdown,
     Sweep,
     ToolEnded,
     TurnRequest,
 )
-from toolwire.actors.events import ResultEvent
+from toolwire.actors.events import ResultEvent, TurnPlanEvent
+from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_CANCELED_WHILE_RUNNING,
@@ -147,7 +149,8 @@ class ChatStateMachine(RuleBasedStateMachine):
         owed.turns[turn_id] += 1
         before = self.world.turn_calls.get(turn_id)
         self.world.turn_calls[turn_id] = [s.call_id for s in specs]
-        if not self.world.request(TurnRequest(self.conn(conn), turn_id, specs, stream, None)):
+        turn = TurnRequest(self.conn(conn), turn_id, specs, stream, None, reserve(specs, "/ws"))
+        if not self.world.request(turn):
             owed.turns[turn_id] -= 1
             if before is not None:
                 self.world.turn_calls[turn_id] = before
@@ -580,3 +583,40 @@ def test_a_chat_scope_approval_survives_a_restart_while_the_chat_has_records() -
     world.restart()
     assert world.state.approved_tools == () and not world.approvals
     world.check_all_answered()
+
+
+def test_planning_a_turn_makes_no_filesystem_call() -> None:
+    """Issue 28: ChatState.handle runs on the loop for every chat, so a slow or network
+    workspace must not stall it: the shell resolves a turn's paths (its reservations) and
+    ChatState plans with what it is handed, calling nothing that reads the filesystem."""
+    import os
+    import posixpath
+    import sys
+    from types import FrameType
+
+    world = World(journal_keeps_results=False)
+    specs = (
+        CallSpec("k1", "read_file", {"path": "a/../f"}),
+        CallSpec("k2", "write_file", {"path": "./f", "content": "x"}),
+        CallSpec("k3", "search_files", {"pattern": "x"}),
+    )
+    turn = TurnRequest("a0", "t1", specs, True, None, reserve(specs, "/ws"))
+    watched = {posixpath.realpath.__code__, posixpath.expanduser.__code__}
+    builtins = {os.stat, os.lstat, os.readlink, os.listdir, os.scandir}
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in watched:
+            seen.append(frame.f_code.co_name)
+        elif event == "c_call" and arg in builtins:
+            seen.append(arg.__name__)
+
+    sys.setprofile(profile)
+    try:
+        effects = world.state.handle(turn, world.now, world.wall_ms)
+    finally:
+        sys.setprofile(None)
+    assert seen == []
+    # The plan is the one the resolved paths give: the write of f conflicts with its read.
+    plans = [e for e in effects if isinstance(e, Send) and isinstance(e.event, TurnPlanEvent)]
+    assert plans[0].event.segments == [["k1"], ["k2"], ["k3"]]
