@@ -123,37 +123,19 @@ class Agent:
                 # Nothing takes requests yet (the server answers 503 until `ready`); what runs
                 # meanwhile is the server's probes and the tasks restored records started.
                 await trio.lowlevel.checkpoint()
-        self._recover_approvals()
-        self._recover_closed()
+        self._recover_chat_rows()
         return recovered
 
-    def _recover_approvals(self) -> None:
-        """Tools approved for a whole chat (9.5), after its records: an approval lasts while
-        the chat has records, so one whose chat has none left (a crash between forgetting the
-        last record and forgetting its approvals) is dropped now."""
+    def _recover_chat_rows(self) -> None:
+        """After the records, each chat's approvals (9.5) and close (9.6), handed to the chat:
+        its ChatState decides what still holds (a chat with no record left drops them)."""
         journal = self.ctx.journal
-        stale: dict[str, None] = {}
+        approved: dict[str, list[str]] = {}
         for chat_id, tool in journal.load_approvals():
-            chat = self.chats.get(chat_id)
-            if chat is not None and chat.records:
-                chat.restore_approval(tool)
-            else:
-                stale[chat_id] = None
-        for chat_id in stale:
-            journal.forget_approvals(chat_id)
-
-    def _recover_closed(self) -> None:
-        """Chats closed before the restart (9.6) stay closed while they have records. One with
-        none left (a crash between forgetting its last record and its close) is gone: "a
-        closed chat whose records are all forgotten is gone, and its id may be used again",
-        so its close row is dropped now."""
-        journal = self.ctx.journal
-        for chat_id in journal.load_closed():
-            chat = self.chats.get(chat_id)
-            if chat is not None and chat.records:
-                chat.restore_closed()
-            else:
-                journal.forget_closed(chat_id)
+            approved.setdefault(chat_id, []).append(tool)
+        closed = set(journal.load_closed())
+        for chat_id in dict.fromkeys([*approved, *closed]):
+            self.chat(chat_id).recovered(tuple(approved.get(chat_id, ())), chat_id in closed)
 
     def chat(self, chat_id: str) -> ChatActor:
         if self.stopping:

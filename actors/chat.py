@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from toolwire.actors import effects as fx
-from toolwire.actors import observe, processes
+from toolwire.actors import observe, processes, reservations
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
 from toolwire.actors.chat_work import ChatWork, run_on_loop
@@ -30,6 +30,7 @@ from toolwire.actors.followers import Followers
 from toolwire.actors.journal_effects import JournalEffects
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.outbox import Outbox
+from toolwire.actors.planner import Reservation
 from toolwire.actors.records import RecordTable
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.task_host import TaskFn, TaskHost
@@ -75,7 +76,6 @@ class ChatActor:
         )
         self.processes = processes.ProcessTable(
             ctx.backend,
-            exited_retention_s=ctx.limits.exited_retention_s,
             retention_bytes=ctx.limits.output_retention_bytes,
             result_bytes=ctx.limits.result_output_bytes,
         )
@@ -145,7 +145,17 @@ class ChatActor:
     def turn(
         self, outbox: Outbox, turn_id: str, specs: list[CallSpec], *, stream: bool, rid: Any
     ) -> None:
-        self._request(fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid))
+        self._request(
+            fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid, self._reserve(specs))
+        )
+
+    def _reserve(self, specs: list[CallSpec]) -> tuple[Reservation, ...]:
+        """What the turn's calls reserve, their paths resolved here, in the shell (5.6). Not for
+        a turn naming more calls than a request may: ChatState refuses it, and resolving its
+        paths would hold the loop for nothing (issue 27)."""
+        if len(specs) > self.state.config.max_ids_per_request:
+            return ()
+        return reservations.reserve(specs, self.ctx.workspace)
 
     def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
         self._request(fx.InterruptRequest(outbox, turn_id, rid))
@@ -168,16 +178,14 @@ class ChatActor:
         """Rebuild one record from the journal after a restart."""
         self._request(fx.Restored(row, touched_at))
 
-    def restore_approval(self, tool: str) -> None:
-        self._request(fx.ApprovalRestored(tool))
-
-    def restore_closed(self) -> None:
-        self._request(fx.ClosedRestored())
+    def recovered(self, approved_tools: tuple[str, ...], closed: bool) -> None:
+        """After its records: what else the journal kept of the chat (ChatState decides what
+        of it still holds)."""
+        self._request(fx.Recovered(approved_tools, closed))
 
     def sweep(self) -> None:
         """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
         self._request(fx.Sweep())
-        self.processes.sweep(trio.current_time())
 
     # -----------------------------------------------------------------------------------------
     # The interpreter
@@ -243,7 +251,11 @@ class ChatActor:
                     type(effect).__name__,
                     extra={"chat_id": self.chat_id, "call_id": call_id},
                 )
-                self._inbox.append(fx.ToolFailed(call_id))
+                if isinstance(effect, fx.StopGroup | fx.KillGroup | fx.WatchGroup):
+                    # Its report will never come: ChatState decides what now (GroupLost).
+                    self._inbox.append(fx.GroupLost(call_id))
+                else:
+                    self._inbox.append(fx.ToolFailed(call_id))
 
     def _run_tool(self, effect: fx.RunTool) -> None:
         if effect.on_loop:  # ends within this call: no ChatWork made for it
@@ -266,6 +278,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.SendReplay: lambda chat, e: chat.followers.send_replay(e),
     fx.Detach: lambda chat, e: chat.followers.detach(e),
     fx.Forgotten: lambda chat, e: chat.followers.forgotten(e),
+    fx.ShrinkOutput: lambda chat, e: chat.followers.shrink_output(e),
     fx.CallEnded: ChatActor._call_ended,
     fx.JournalWrite: lambda chat, e: chat.journal_effects.write(e),
     fx.JournalTouch: lambda chat, e: chat.journal_effects.touch(e),
@@ -282,6 +295,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.WatchGroup: lambda chat, e: chat.work.watch_group(e),
     fx.KillGroup: lambda chat, e: chat.work.kill_group(e),
     fx.MarkTimedOut: lambda chat, e: chat.work.mark_timed_out(e),
+    fx.DropProcess: lambda chat, e: chat.processes.drop(e.call_id),
     fx.StartTimer: lambda chat, e: chat.work.start_timer(e),
     fx.CancelTimer: lambda chat, e: chat.work.cancel_timer(e),
     fx.ShutdownDone: ChatActor._on_shutdown_done,

@@ -29,7 +29,6 @@ from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
 from toolwire.actors.effects import (
     AlreadyExited,
-    ApprovalRestored,
     ApproveRequest,
     AttachRequest,
     CallEnded,
@@ -37,13 +36,13 @@ from toolwire.actors.effects import (
     CancelRequest,
     CancelTimer,
     CloseChatRequest,
-    ClosedRestored,
     CloseDurable,
     CloseFailed,
     Conn,
     Deadline,
     Detach,
     DetachRequest,
+    DropProcess,
     Effect,
     Follow,
     FollowMode,
@@ -52,6 +51,7 @@ from toolwire.actors.effects import (
     GraceOver,
     GroupEmpty,
     GroupGone,
+    GroupLost,
     GroupStopped,
     Input,
     InterruptRequest,
@@ -71,6 +71,7 @@ from toolwire.actors.effects import (
     ProcessSnapshot,
     Publish,
     ReadBack,
+    Recovered,
     Restored,
     ResultDurable,
     ResultsRead,
@@ -79,6 +80,7 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
     Shutdown,
     ShutdownDone,
     Spawn,
@@ -141,7 +143,6 @@ from toolwire.actors.tools.registry import (
     ToolKind,
     lookup,
     parse_args,
-    reserves_of,
 )
 
 # What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
@@ -170,7 +171,6 @@ MAX_IDS_PER_REQUEST = 1_000
 class ChatConfig:
     """What every chat of one agent shares: policy and limits, no clocks and no I/O."""
 
-    workspace: str
     max_processes_per_chat: int
     forget_after_s: float
     kill_grace_s: float
@@ -181,6 +181,8 @@ class ChatConfig:
     # The journal holds results: a published result leaves the heap (see `ResultCache`).
     journal_keeps_results: bool = False
     max_ids_per_request: int = MAX_IDS_PER_REQUEST
+    # How long an exited command stays listed for `process_output` (5.2).
+    exited_retention_s: float = 3600.0
 
 
 @dataclass(eq=False, slots=True)
@@ -248,6 +250,15 @@ class GroupState:
         """Its shell exited and nothing holds its output pipe: no member that could still
         print is left to stop."""
         return self.leader_exited and self.output_closed
+
+
+@dataclass(eq=False, slots=True)
+class ListedProcess:
+    """A command the chat's process listing shows (`process_list`, `process_output`), from its
+    spawn until `exited_retention_s` after it exited and its output ended (5.2)."""
+
+    exited_at: float | None = None  # trio time its shell exited
+    output_closed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -360,6 +371,7 @@ class ChatState:
         "_lane",
         "_lane_held",
         "_launching",
+        "_listed",
         "_now",
         "_out",
         "_processes_base",
@@ -417,6 +429,8 @@ class ChatState:
         # (Dicts used as sets: an empty set costs 216 bytes, an empty dict 64; per idle chat.)
         self._launching: dict[str, None] = {}
         self._running_processes: dict[str, None] = {}
+        # The commands the shell lists, until they are dropped (None while there are none).
+        self._listed: dict[str, ListedProcess] | None = None
         # Deliveries waiting for results read back from the journal, in request order, and
         # what was at hand for them when the read began (the cache may evict it meanwhile).
         # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
@@ -493,6 +507,7 @@ class ChatState:
             or self._replies is not None
             or self._launching
             or self._running_processes
+            or self._listed
         )
 
     @property
@@ -551,7 +566,7 @@ class ChatState:
                 call.held_accepted = (req.conn, accepted)
                 first = ()
             self._emit(
-                Follow(req.conn, spec.call_id, req.stream, False, first, FollowMode.SUBSCRIBE)
+                Follow(req.conn, spec.call_id, follower.stream, False, first, FollowMode.SUBSCRIBE)
             )
             self._forget_some()
             self._start(record, gated=gated)
@@ -598,8 +613,10 @@ class ChatState:
             if follower is not None:
                 if follower.owed:
                     # Its events stop now, but each request already made still gets its one
-                    # `result` (PROTOCOL.md 9.9).
+                    # `result` (PROTOCOL.md 9.9). What it streamed is over: a later request
+                    # follows as it asks, a `stream: false` one without `started` or output.
                     follower.detached = keep = True
+                    follower.stream = follower.resolved_events = False
                 else:
                     del call.followers[req.conn]
         self._emit(Detach(req.conn, req.call_id, keep))
@@ -703,11 +720,9 @@ class ChatState:
             raise self._closed_error()
         fingerprints = check_new_turn(self.records, specs)
         self._check_room_for_records(sum(1 for s in specs if self.records.get(s.call_id) is None))
-        segments = planner.plan_segments(
-            [planner.PlannedCall(s.call_id, reserves_of(s.tool), s.args) for s in specs],
-            self.config.workspace,
-        )
         call_ids = [s.call_id for s in specs]
+        # The shell resolved the paths (canonical already): no filesystem call here.
+        segments = planner.plan_segments(call_ids, req.reservations)
         run = TurnState(req.turn_id, call_ids, fingerprint, segments, members=frozenset(call_ids))
         self.turns[req.turn_id] = run
         created: list[str] = []
@@ -941,13 +956,19 @@ class ChatState:
                 ],
             )
             return
+        before = call.followers.get(conn)
+        # An earlier request on this connection still owes the output it streams: the cursor
+        # may only move back, never skip any of it (PROTOCOL.md 9.9).
+        rewind_only = (
+            before is not None and before.stream and not before.detached and before.owed > 0
+        )
         follower = self._follower(call, conn, stream=stream)
         follower.owed += 1
         self._emit(
             Follow(
                 conn,
                 record.call_id,
-                stream,
+                follower.stream,
                 follower.resolved_events,
                 events,
                 FollowMode.LIVE,
@@ -955,6 +976,7 @@ class ChatState:
                 # After this request's `accepted`, and only to a connection that streams: a
                 # `stream: false` request never brings `started` (PROTOCOL.md 9.9).
                 call.started if follower.stream else None,
+                rewind_only,
             )
         )
 
@@ -987,7 +1009,7 @@ class ChatState:
             events: tuple[Event, ...] = ()
             if record.state is RecordState.AWAITING_APPROVAL:
                 events = (self._approval_event(record, call),)
-            self._emit(Follow(conn, call_id, False, True, events, FollowMode.SUBSCRIBE))
+            self._emit(Follow(conn, call_id, follower.stream, True, events, FollowMode.SUBSCRIBE))
         if run.finished:
             # After each call's result above: deliveries keep their order.
             self._deliver(
@@ -1239,6 +1261,9 @@ class ChatState:
         call = self.calls.get(event.call_id)
         assert record is not None and call is not None
         self._running_processes[event.call_id] = None
+        if self._listed is None:
+            self._listed = {}
+        self._listed[event.call_id] = ListedProcess()
         group = GroupState(started_at_ms=record.started_at_ms or 0)
         self.groups[event.call_id] = group
         if call.kill_at is not None and isinstance(call.parsed, ExecuteArgs):
@@ -1273,6 +1298,9 @@ class ChatState:
 
     def _on_process_exited(self, event: ProcessExited) -> None:
         self._running_processes.pop(event.call_id, None)
+        listed = self._listed_process(event.call_id)
+        if listed is not None and listed.exited_at is None:
+            listed.exited_at = self._now
         group = self.groups.get(event.call_id)
         if group is not None:
             group.leader_exited = True
@@ -1290,6 +1318,11 @@ class ChatState:
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
 
     def _on_output_closed(self, event: OutputClosed) -> None:
+        # Nothing can print any more: an exited process keeps at most the result's size (5.2).
+        self._emit(ShrinkOutput(event.call_id))
+        listed = self._listed_process(event.call_id)
+        if listed is not None:
+            listed.output_closed = True
         group = self.groups.get(event.call_id)
         if group is not None:
             group.output_closed = True
@@ -1404,7 +1437,16 @@ class ChatState:
         if reason == "cancel":
             group.canceled = True
         group.lingering = reason == "linger"
-        self._emit(StopGroup(call_id, self.config.kill_grace_s, unless_exited, reason))
+        self._emit(
+            StopGroup(
+                call_id,
+                self.config.kill_grace_s,
+                unless_exited,
+                only_if_alive=reason != "cancel",
+                timed_out=reason == "kill_after",
+                canceled=reason == "cancel",
+            )
+        )
 
     def _on_already_exited(self, event: AlreadyExited) -> None:
         """The command had already exited: the call finished first, so its real result stands
@@ -1438,7 +1480,7 @@ class ChatState:
             # the same, as a cancel of an ended call stops it (5.3): the reply waits for it.
             # The call itself keeps its real result (not `canceled`: the cancel did not end it).
             group.stopping = "term"
-            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False))
+            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, canceled=True))
 
     def _on_group_empty(self, event: GroupEmpty | GraceOver) -> None:
         """The grace is over (or nothing is left to give it to): SIGKILL whatever is left, so
@@ -1448,6 +1490,26 @@ class ChatState:
             return
         group.stopping = "kill"
         self._emit(KillGroup(event.call_id))
+
+    def _on_group_lost(self, event: GroupLost) -> None:
+        """A step on the group failed in the shell: the call ends `unknown` (its effect may
+        have happened; nothing more will tell), and the group gets SIGKILL, so nothing of it
+        runs on unseen. If the SIGKILL is what failed, nothing of the group can be known any
+        more: it is given up, so what waits for it (a cancel, a close, the shutdown) ends."""
+        record = self.records.get(event.call_id)
+        if record is not None and not record.done:
+            self._finish(record, self._failure_result(record))
+        group = self.groups.get(event.call_id)
+        if group is None:
+            return
+        if group.stopping != "kill":
+            group.stopping = "kill"
+            self._emit(KillGroup(event.call_id))
+            return
+        del self.groups[event.call_id]
+        self._running_processes.pop(event.call_id, None)
+        if group.kill_after_ms is not None:
+            self._emit(CancelTimer((event.call_id, "kill_after")))
 
     def _on_group_stopped(self, event: GroupStopped) -> None:
         group = self.groups.get(event.call_id)
@@ -1902,6 +1964,30 @@ class ChatState:
 
     def _on_sweep(self, event: Sweep) -> None:
         self._forget_some()
+        self._drop_exited_processes()
+
+    def _listed_process(self, call_id: str) -> ListedProcess | None:
+        return None if self._listed is None else self._listed.get(call_id)
+
+    def _drop_exited_processes(self) -> None:
+        """An exited command stays listed for `exited_retention_s` after its exit, and while
+        its output has not ended (something may still print to it): then it goes (5.2)."""
+        listed = self._listed
+        if listed is None:
+            return
+        keep_until = self._now - self.config.exited_retention_s
+        gone = [
+            call_id
+            for call_id, process in listed.items()
+            if process.exited_at is not None
+            and process.output_closed
+            and process.exited_at <= keep_until
+        ]
+        for call_id in gone:
+            del listed[call_id]
+            self._emit(DropProcess(call_id))
+        if not listed:
+            self._listed = None
 
     # -----------------------------------------------------------------------------------------
     # The journal
@@ -1999,18 +2085,26 @@ class ChatState:
                     )
                 )
 
-    def _on_approval_restored(self, event: ApprovalRestored) -> None:
-        """A tool approved with scope "chat" before a restart: approved again, and a gate of it
-        that was parked when the agent died (its opening not yet durable) opens."""
-        if event.tool not in self.approved_tools:
-            self.approved_tools += (event.tool,)
-        self._open_approved(event.tool)
-
-    def _on_closed_restored(self, event: ClosedRestored) -> None:
-        """Closed before a restart (its close row was durable): still closed, while it has
-        records (the agent drops the row of a chat that has none)."""
-        self.closed = True
-        self._close_row = _CLOSE_DURABLE
+    def _on_recovered(self, event: Recovered) -> None:
+        """After its records, what the journal kept of the chat. An approval lasts while the
+        chat has records (9.5), and a closed chat whose records are all forgotten is gone, its
+        id free again (9.6): with records, each approved tool is approved again (a gate of it
+        parked when the agent died, its opening not yet durable, opens) and a durable close
+        keeps the chat closed; without (a crash between forgetting the last record and these
+        rows), the rows are dropped."""
+        if not self.records:
+            if event.approved_tools and self.config.journal_enabled:
+                self._emit(JournalForgetApprovals())
+            if event.closed:
+                self._emit(JournalReopen())
+            return
+        for tool in event.approved_tools:
+            if tool not in self.approved_tools:
+                self.approved_tools += (tool,)
+            self._open_approved(tool)
+        if event.closed:
+            self.closed = True
+            self._close_row = _CLOSE_DURABLE
 
     # -----------------------------------------------------------------------------------------
 
@@ -2057,14 +2151,14 @@ _HANDLER_NAMES: dict[type, str] = {
     GraceOver: "_on_group_empty",
     GroupStopped: "_on_group_stopped",
     GroupGone: "_on_group_gone",
+    GroupLost: "_on_group_lost",
     Deadline: "_on_deadline",
     GateExpired: "_on_gate_expired",
     KillAfter: "_on_kill_after",
     ResultsRead: "_on_results_read",
     ResultsReadFailed: "_on_results_read_failed",
     Restored: "_on_restored",
-    ApprovalRestored: "_on_approval_restored",
-    ClosedRestored: "_on_closed_restored",
+    Recovered: "_on_recovered",
     CloseDurable: "_on_close_durable",
     CloseFailed: "_on_close_failed",
     Shutdown: "_on_shutdown",
@@ -2129,5 +2223,6 @@ __all__ = [
     "ChatState",
     "Follower",
     "GroupState",
+    "ListedProcess",
     "TurnState",
 ]

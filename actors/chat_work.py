@@ -289,7 +289,6 @@ class ChatWork:
             log.exception(
                 "output pump failed", extra={"chat_id": self.chat_id, "call_id": proc.process_id}
             )
-        self._followers.maybe_close_output(proc.process_id)
         self._feed(OutputClosed(proc.process_id))
 
     async def _reap(
@@ -309,6 +308,8 @@ class ChatWork:
             self._failed("waiting for the command's exit", proc.process_id)
             await _give_up(proc, self.processes)
             self._feed(ToolFailed(proc.process_id))
+            # It counts as exited now (nothing is known of it): its slot and listing end.
+            self._feed(ProcessExited(proc.process_id, _gone(proc.process_id)))
             return
         self._feed(ProcessExited(proc.process_id, snapshot))
 
@@ -320,14 +321,12 @@ class ChatWork:
         if effect.unless_exited and processes.has_exited(proc):
             self._feed(AlreadyExited(effect.call_id))
             return
-        if effect.reason in ("kill_after", "linger"):
-            if not proc.handle.group_alive():
-                self._feed(AlreadyExited(effect.call_id))
-                return
-            if effect.reason == "kill_after":
-                proc.timed_out = True
-            # "linger": the command ended on its own; its listing keeps that exit.
-        else:
+        if effect.only_if_alive and not proc.handle.group_alive():
+            self._feed(AlreadyExited(effect.call_id))
+            return
+        if effect.timed_out:
+            proc.timed_out = True
+        if effect.canceled:
             proc.canceled = True
         self._spawn(self._term_task, proc, effect.grace_s)
 

@@ -158,7 +158,6 @@ class AgentContext:
     def chat_config(self) -> ChatConfig:
         """The policy and limits a chat's state machine decides by (no clocks, no I/O)."""
         return ChatConfig(
-            workspace=self.workspace,
             max_processes_per_chat=self.limits.max_processes_per_chat,
             forget_after_s=self.limits.forget_after_s,
             kill_grace_s=self.kill_grace_s,
@@ -167,4 +166,5 @@ class AgentContext:
             journal_enabled=self.journal.enabled,
             journal_keeps_results=self.journal.keeps_results,
             max_ids_per_request=self.limits.max_ids_per_request,
+            exited_retention_s=self.limits.exited_retention_s,
         )

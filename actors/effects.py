@@ -20,6 +20,7 @@ import msgspec
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.events import Event, Rid, StartedEvent
 from toolwire.actors.journal_rows import JournalRow
+from toolwire.actors.planner import Reservation
 from toolwire.actors.results import Result, ToolReport
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -84,11 +85,15 @@ class CancelRequest:
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
+    """`reservations`: what each of `specs` reserves, in order, its paths resolved by the shell
+    (actors/reservations.py), so that planning the turn makes no filesystem call."""
+
     conn: Conn
     turn_id: str
     specs: tuple[CallSpec, ...]
     stream: bool
     rid: Rid
+    reservations: tuple[Reservation, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +214,14 @@ class GroupStopped:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupLost:
+    """A step on the command's process group (a stop, a kill, a watch) failed in the shell at
+    once (logged): what that step would have reported will never come."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class GroupGone:
     """A watched group (`WatchGroup`) has no member left."""
 
@@ -261,15 +274,13 @@ class Restored:
 
 
 @dataclass(frozen=True, slots=True)
-class ApprovalRestored:
-    """A tool this chat approved with scope "chat" before the restart."""
+class Recovered:
+    """Every record of this chat is rebuilt (`Restored`); what else the journal held for it:
+    the tools it approved with scope "chat" (9.5) and whether its close row (9.6) was durable.
+    ChatState decides what of it still holds."""
 
-    tool: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClosedRestored:
-    """This chat was closed (9.6) before the restart, and the close row was durable."""
+    approved_tools: tuple[str, ...] = ()
+    closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,14 +328,14 @@ Input = (
     | GraceOver
     | GroupStopped
     | GroupGone
+    | GroupLost
     | Deadline
     | GateExpired
     | KillAfter
     | ResultsRead
     | ResultsReadFailed
     | Restored
-    | ApprovalRestored
-    | ClosedRestored
+    | Recovered
     | CloseDurable
     | CloseFailed
     | Shutdown
@@ -348,8 +359,11 @@ class FollowMode:
 class Follow:
     """`conn` follows the call from now on (a detached follower follows again), `events` go
     to it first, in order; then, by `mode`: LIVE places the output cursor at `from_offset`
-    (never past output an earlier request on this connection still owes, PROTOCOL.md 9.9)
-    and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows)."""
+    (with `rewind_only`: only if that is earlier than where it is, since an earlier request on
+    this connection still owes the output in between, PROTOCOL.md 9.9) and sends `started`;
+    REPLAY marks a replay as queued (its `SendReplay` follows) and leaves the live follow as
+    it is. `stream` and `resolved_events` (LIVE and SUBSCRIBE) are how the connection follows
+    from now on, as ChatState decided them: the shell stores them as they are."""
 
     conn: Conn
     call_id: str
@@ -359,6 +373,7 @@ class Follow:
     mode: str
     from_offset: int | None = None
     started: StartedEvent | None = None
+    rewind_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +422,8 @@ class SendReplay:
 @dataclass(frozen=True, slots=True)
 class Detach:
     """`conn` stops receiving the call's events. `keep`: requests on it still wait for the
-    call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them."""
+    call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them; without it
+    the follow goes (a reply already queued for it still goes out)."""
 
     conn: Conn
     call_id: str
@@ -417,6 +433,15 @@ class Detach:
 @dataclass(frozen=True, slots=True)
 class Forgotten:
     """The record is gone (5.4): whatever the shell keeps for the call goes too."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkOutput:
+    """The command's output ended (nothing can print to it any more): its retained output
+    shrinks to the result's head and tail (PROTOCOL.md 5.2) once no connection still reads the
+    full retention from its cursor."""
 
     call_id: str
 
@@ -522,16 +547,18 @@ class Spawn:
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
-    already exited is left alone and `AlreadyExited` is fed instead. `reason`: "cancel" (its
-    listing says canceled), "kill_after" (its hard deadline, PROTOCOL.md 9.2: only a group
-    with a member alive is stopped, and its listing says timed out; else `AlreadyExited`) or
-    "linger" (a watched group, see `WatchGroup`: only stopped with a member alive, else
-    `AlreadyExited`; its listing keeps the shell's own exit)."""
+    already exited is left alone and `AlreadyExited` is fed instead; with `only_if_alive`, so
+    is a group with no member alive (a hard deadline's stop, 9.2, or what lingers of a spent
+    group at a close or a shutdown). What the command's listing (`process_output`) says from
+    now on: `timed_out` (its hard deadline stopped it), `canceled` (a stop a client asked for,
+    5.3); neither: it keeps the shell's own exit."""
 
     call_id: str
     grace_s: float
     unless_exited: bool
-    reason: str = "cancel"
+    only_if_alive: bool = False
+    timed_out: bool = False
+    canceled: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +573,14 @@ class WatchGroup:
 @dataclass(frozen=True, slots=True)
 class KillGroup:
     """SIGKILL to the whole group, then feed `GroupStopped` once it is gone."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropProcess:
+    """The command exited and its output ended `exited_retention_s` ago: it leaves the
+    chat's process listing (PROTOCOL.md 5.2), and `process_output` no longer knows it."""
 
     call_id: str
 
@@ -585,6 +620,7 @@ Effect = (
     | SendReplay
     | Detach
     | Forgotten
+    | ShrinkOutput
     | CallEnded
     | JournalWrite
     | JournalTouch
@@ -600,6 +636,7 @@ Effect = (
     | StopGroup
     | WatchGroup
     | KillGroup
+    | DropProcess
     | MarkTimedOut
     | StartTimer
     | CancelTimer

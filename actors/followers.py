@@ -19,18 +19,21 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
 )
 from toolwire.actors.outbox import Outbox, Subscription
 
 
 class _CallIO:
-    """The follows of one call, and whether its result went out."""
+    """The follows of one call, whether its result went out, and whether its command's
+    output is to shrink (`ShrinkOutput`) once no follower lags."""
 
-    __slots__ = ("published", "subs")
+    __slots__ = ("published", "shrink", "subs")
 
     def __init__(self) -> None:
         self.subs: dict[Outbox, Subscription] = {}
         self.published = False
+        self.shrink = False
 
 
 class Followers:
@@ -52,7 +55,7 @@ class Followers:
             io = self._io[call_id] = _CallIO()
         return io
 
-    def _subscribe(self, outbox: Outbox, call_id: str, io: _CallIO, stream: bool) -> Subscription:
+    def _subscribe(self, outbox: Outbox, call_id: str, io: _CallIO) -> Subscription:
         sub = io.subs.get(outbox)
         if sub is None or not sub.active:
             sub = Subscription(outbox, self.chat_id, call_id)
@@ -63,34 +66,33 @@ class Followers:
             if proc is not None:
                 sub.buffer = proc.output
         sub.detached = False  # a new request on this connection follows the call again
-        sub.stream = sub.stream or stream
         return sub
 
     def follow(self, effect: Follow) -> None:
+        """Carry out a `Follow` as ChatState decided it: how the connection streams, where its
+        cursor goes (PROTOCOL.md 9.9: `rewind_only`), whether a replay is queued."""
         outbox = effect.conn
         assert isinstance(outbox, Outbox)
         io = self._io_for(effect.call_id)
-        before = io.subs.get(outbox)
-        # Already streaming output to this connection for an earlier request: that request's
-        # output must not be skipped, so the cursor only ever moves back (PROTOCOL.md 9.9).
-        was_following = before is not None and before.following
-        sub = self._subscribe(outbox, effect.call_id, io, effect.stream)
-        if effect.resolved_events:
-            sub.resolved_events = True
+        sub = self._subscribe(outbox, effect.call_id, io)
+        if effect.mode is not FollowMode.REPLAY:
+            sub.stream = effect.stream
+            sub.resolved_events = effect.resolved_events
         for event in effect.events:
             outbox.put(event, sub)
         if effect.mode is FollowMode.LIVE:
             wanted = effect.from_offset or 0
-            sub.cursor = min(sub.cursor, wanted) if was_following else wanted
+            sub.cursor = min(sub.cursor, wanted) if effect.rewind_only else wanted
             sub.finished = False
             if effect.started is not None:
                 outbox.put(effect.started, sub)
             sub.output_ready()
         elif effect.mode is FollowMode.REPLAY:
             io.published = True
-            if not was_following:
+            if not sub.following:
                 # No live output for this connection: a process that outlived its call (a
-                # timeout) goes on printing, but no output follows a result.
+                # timeout) goes on printing, but no output follows a result. (One still
+                # draining the output a queued result owes goes on until that result.)
                 sub.finished = True
             # Counted as queued while it is read back from the journal.
             sub.results_queued += 1
@@ -127,7 +129,9 @@ class Followers:
         io = self._io_for(effect.call_id)
         sub = io.subs.get(outbox)
         if sub is None:
-            sub = self._subscribe(outbox, effect.call_id, io, False)
+            # Its follow went (a detach): the replay still goes out, without output.
+            sub = self._subscribe(outbox, effect.call_id, io)
+            sub.detached = True
         else:
             sub.results_queued -= 1
         outbox.put_replay(sub, effect.event, effect.from_offset)
@@ -139,13 +143,12 @@ class Followers:
         sub = io.subs.get(outbox) if io is not None else None
         if io is None or sub is None:
             return
-        if effect.keep or sub.results_queued:
-            # Its events stop now, but each request already made still gets its `accepted`
-            # (queued) and its one `result` (PROTOCOL.md 9.9): the subscription stays for them.
-            sub.detached = True
-        else:
+        # Its events stop now (PROTOCOL.md 9.9). With `keep` the follow stays for the results
+        # still owed to it; without, it goes, but stays active: a reply already queued for it
+        # (a result, a replay) still goes out.
+        sub.detached = True
+        if not effect.keep:
             del io.subs[sub.outbox]
-            sub.active = False
         self.maybe_close_output(effect.call_id)
 
     def forgotten(self, effect: Forgotten) -> None:
@@ -168,17 +171,30 @@ class Followers:
             for sub in io.subs.values():
                 sub.output_ready()
 
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        """ChatState decided the command's output shrinks (PROTOCOL.md 5.2): now, or once no
+        follower still reads the full retention from its cursor."""
+        proc = self.processes.get(effect.call_id)
+        if proc is None or proc.output.closed:
+            return
+        io = self._io.get(effect.call_id)
+        if io is None:
+            proc.output.close()
+            return
+        io.shrink = True
+        self.maybe_close_output(effect.call_id)
+
     def maybe_close_output(self, call_id: str) -> None:
-        """Shrink a finished process's output to the result's size once no follower lags:
-        while its call is followed the full retention stays (PROTOCOL.md 5.2). Then, once
-        the call is published and no follower needs its output, drop its follows."""
+        """Shrink a finished process's output to the result's size, as `ShrinkOutput` said,
+        once no follower lags. Then, once the call is published and no follower needs its
+        output, drop its follows."""
         io = self._io.get(call_id)
         if io is None:
             return
         proc = self.processes.get(call_id)
         if proc is not None and not proc.output.closed:
-            if not proc.output_closed.is_set():
-                return  # the command may still print
+            if not io.shrink:
+                return  # not decided yet: the command may still print
             subs = io.subs
             for outbox, sub in list(subs.items()):
                 if not sub.active or outbox.closed:

@@ -104,12 +104,13 @@ class Subscription:
     @property
     def lagging(self) -> bool:
         """Still owes streamed output that the buffer holds."""
-        if not self.active or self.detached or not self.stream or self.outbox.closed:
+        if not self.active or self.detached or self.outbox.closed:
             return False
         if self.replays_pending:
-            return True
+            return True  # an attach's replay reads the retained output when it is sent
         return (
-            not self.finished
+            self.stream
+            and not self.finished
             and self.buffer is not None
             and self.buffer.first_retained(self.cursor) < self.buffer.total
         )
@@ -220,7 +221,7 @@ class Outbox:
                 assert event is not None
                 if replay_from >= 0:
                     sub.replays_pending -= 1
-                    if sub.stream and not sub.detached:
+                    if not sub.detached:  # an attach: its replay brings the output
                         self._replay_output(sub, replay_from, out, _ended_at(event))
                 out.append(event)
                 if replay_from >= 0 and sub.on_caught_up is not None:

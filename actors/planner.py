@@ -26,14 +26,15 @@ tool's registry entry names (actors/tools/registry.py; this module knows no tool
   without the path the tool needs). A malformed call will fail on its own terms anyway; making
   it a barrier keeps the plan obviously correct instead of guessing at what it meant.
 
-Paths are compared in canonical form (`canonical_path`) so that two spellings of one file
-(`x`, `./x`, `d/../x`, `~/ws/x`, an absolute path, a symlink to it) are one reservation.
+Paths are compared in canonical form so that two spellings of one file (`x`, `./x`,
+`d/../x`, `~/ws/x`, an absolute path, a symlink to it) are one reservation. Resolving them
+reads the filesystem, so it is not done here: the shell reads each call's `Reservation`
+(actors/reservations.py) before it hands the turn to ChatState, once per turn, before any call
+of the turn runs, so the canonical forms describe the filesystem as the turn found it.
 Containment is tested component by component, so a write under a searched directory conflicts
 with the search, while `/a/b` and `/a/bc` stay independent.
 
-This module is a pure core: no trio, no writes, nothing but reads of the filesystem (through
-`os.path.realpath`) to resolve symlinks. It is called once per turn, before any call of the
-turn runs, so the canonical forms describe the filesystem as the turn found it.
+This module is a pure core: no trio, no I/O, no filesystem call.
 
 Known limits, accepted because they only cost parallelism or need an oracle we do not have:
 hard links to one inode are different paths to the planner; a search that follows a symlink
@@ -43,8 +44,7 @@ inside its tree to a directory elsewhere reserves only the tree it was asked to 
 from __future__ import annotations
 
 import enum
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -110,95 +110,13 @@ class PlannedCall(NamedTuple):
 @dataclass(frozen=True)
 class Reservation:
     access: Access
-    # Canonical absolute paths (see `canonical_path`); empty for NONE and BARRIER.
+    # Canonical absolute paths (reservations.canonical_path); empty for NONE and BARRIER.
     paths: tuple[str, ...]
 
 
-_BARRIER = Reservation(Access.BARRIER, ())
-_NOTHING = Reservation(Access.NONE, ())
-
-
-def canonical_path(path: str, workspace: str) -> str:
-    """Return the absolute, symlink-free form of `path` as the tools would resolve it.
-
-    Steps: `~` is expanded (the tools expand it too, and `~/ws/x` must meet `x`); a relative
-    path is joined to the workspace (PROTOCOL.md section 8); then `os.path.realpath` resolves
-    every symlink and folds `.` and `..`.
-
-    `..` is folded the way the kernel does it, after resolving the symlink before it: when `ln`
-    links to `real/dir`, `ln/../x` is `real/x`, not `x`. That is the file a tool opening the
-    path would actually touch, and touching is what reservations are about.
-
-    A path that does not exist yet (the target of a `write_file` that creates a file, maybe
-    under directories it creates too) is resolved through its nearest existing parent:
-    realpath resolves the existing prefix and appends the rest, so `link-to-d/new.txt` equals
-    `d/new.txt` and conflicts with a read of it.
-
-    The workspace is canonicalised too: it may itself be reached through a symlink (`/tmp` is
-    one on some systems), and an absolute path spelled through the real directory must match a
-    relative one. Raises ValueError for a path with a NUL byte (no tool can open it).
-    """
-    root = os.path.realpath(os.path.expanduser(workspace))
-    return os.path.realpath(os.path.join(root, os.path.expanduser(path)))
-
-
-def _path_arg(args: Mapping[object, object], key: str) -> str | None:
-    """The string path in `args[key]`, or None when it is missing, not a string, or empty."""
-    value = args.get(key)
-    if isinstance(value, str) and value:
-        return value
-    return None
-
-
-def _each_path(args: Mapping[object, object], each_in: str, key: str) -> list[str] | None:
-    """Every `args[each_in][i][key]` (edit_files' `files[i].path`), or None when malformed."""
-    entries = args.get(each_in)
-    if not isinstance(entries, list) or not entries:
-        return None
-    paths: list[str] = []
-    for entry in entries:
-        if not isinstance(entry, dict):
-            return None
-        path = _path_arg(entry, key)
-        if path is None:
-            return None
-        paths.append(path)
-    return paths
-
-
-def _raw_paths(role: Reserves, args: Mapping[object, object]) -> list[str] | None:
-    """The uncanonicalised paths a READ or WRITE call touches, or None to make it a barrier."""
-    if role.each_in is not None:
-        return _each_path(args, role.each_in, role.path_arg)
-    if role.default_path is not None and args.get(role.path_arg) is None:
-        # A search or listing without a path covers the whole workspace (PROTOCOL.md 8, 10.5).
-        return [role.default_path]
-    path = _path_arg(args, role.path_arg)
-    return None if path is None else [path]
-
-
-def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
-    """What `call` reserves: shared paths, exclusive paths, nothing, or the whole turn.
-
-    Anything the planner cannot read with certainty becomes a barrier, because a barrier is
-    always safe: at worst it costs parallelism, never correctness.
-    """
-    role = call.reserves
-    if role.access is Access.BARRIER or not isinstance(call.args, dict):
-        # Commands, what acts on them, tools we do not know, args that are not an object.
-        return _BARRIER
-    if role.access is Access.NONE:
-        return _NOTHING
-    raw = _raw_paths(role, call.args)
-    if raw is None:
-        return _BARRIER
-    try:
-        # dict.fromkeys dedupes (an edit_files naming one file twice) and keeps the order.
-        paths = tuple(dict.fromkeys(canonical_path(path, workspace) for path in raw))
-    except (ValueError, OSError):
-        # A NUL byte or a path the OS refuses to look at: the tool will fail on it anyway.
-        return _BARRIER
-    return Reservation(role.access, paths)
+# What a call reserves when it is a barrier, and when it touches no file.
+BARRIER_RESERVATION = Reservation(Access.BARRIER, ())
+NOTHING_RESERVED = Reservation(Access.NONE, ())
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -231,8 +149,9 @@ def conflicts(a: Reservation, b: Reservation) -> bool:
     return any(_overlaps(p, q) for p in a.paths for q in b.paths)
 
 
-def plan_segments(calls: Sequence[PlannedCall], workspace: str) -> list[list[str]]:
-    """Split a turn's calls into consecutive segments of call ids (the `turn_plan`).
+def plan_segments(call_ids: Sequence[str], reservations: Sequence[Reservation]) -> list[list[str]]:
+    """Split a turn's calls (their ids in request order, each with its `Reservation`) into
+    consecutive segments of call ids (the `turn_plan`).
 
     Greedy, in request order: a call joins the current segment unless it is a barrier or
     conflicts with a reservation already in it. A conflict closes the segment and the call
@@ -250,23 +169,20 @@ def plan_segments(calls: Sequence[PlannedCall], workspace: str) -> list[list[str
     Segments are not capped at MAX_PARALLEL_CALLS; the executor runs at most that many calls of
     a segment at once.
     """
-    # Canonicalise the workspace once: every call's paths are resolved against it.
-    root = os.path.realpath(os.path.expanduser(workspace))
     segments: list[list[str]] = []
     current: list[str] = []
     held = _SegmentReservations()
-    for call in calls:
-        reservation = reservation_for(call, root)
+    for call_id, reservation in zip(call_ids, reservations, strict=True):
         if reservation.access is Access.BARRIER:
             if current:
                 segments.append(current)
-            segments.append([call.call_id])
+            segments.append([call_id])
             current, held = [], _SegmentReservations()
             continue
         if held.conflicts_with(reservation):
             segments.append(current)
             current, held = [], _SegmentReservations()
-        current.append(call.call_id)
+        current.append(call_id)
         held.add(reservation)
     if current:
         segments.append(current)

@@ -588,12 +588,10 @@ class ProcessTable:
         self,
         backend: ProcessBackend,
         *,
-        exited_retention_s: float,
         retention_bytes: int,
         result_bytes: int,
     ) -> None:
         self._backend = backend
-        self._exited_retention_s = exited_retention_s
         self._retention_bytes = retention_bytes
         self._result_bytes = result_bytes
         self._processes: dict[str, ProcessRecord] = {}
@@ -664,18 +662,11 @@ class ProcessTable:
         self._running[process_id] = record
         return record
 
-    def sweep(self, now: float) -> list[str]:
-        """Forget processes that exited more than exited_retention_s ago."""
-        gone = [
-            pid
-            for pid, p in self._processes.items()
-            if p.exited_at is not None
-            and p.output_closed.is_set()
-            and p.exited_at + self._exited_retention_s <= now
-        ]
-        for pid in gone:
-            del self._processes[pid]
-        return gone
+    def drop(self, process_id: str) -> None:
+        """Forget an exited process (ChatState decides when: `DropProcess`)."""
+        record = self._processes.get(process_id)
+        if record is not None and not record.running:
+            del self._processes[process_id]
 
     def running(self) -> list[ProcessRecord]:
         return list(self._running.values())

@@ -47,7 +47,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from toolwire.actors import events, planner
+from toolwire.actors import events, planner, reservations
 from toolwire.actors.output import DEFAULT_RESULT_BYTES, RESULT_HEAD_BYTES, OutputBuffer
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
@@ -1040,7 +1040,7 @@ class Checker:
         if len(specs) != len(call_ids):
             return
         res = {
-            c: planner.reservation_for(
+            c: reservations.reservation_for(
                 planner.PlannedCall(c, reserves_of(specs[c].tool), specs[c].args), self.workspace
             )
             for c in call_ids

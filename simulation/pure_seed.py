@@ -42,6 +42,7 @@ from toolwire.actors.effects import (
     Deadline,
     Detach,
     DetachRequest,
+    DropProcess,
     Follow,
     FollowMode,
     GraceOver,
@@ -57,6 +58,7 @@ from toolwire.actors.effects import (
     Publish,
     RunTool,
     SendReplay,
+    ShrinkOutput,
     Shutdown,
     Spawn,
     Spawned,
@@ -79,6 +81,7 @@ from toolwire.actors.events import (
     ResultEvent,
     TurnResultEvent,
 )
+from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_FAILURE_BEFORE_RUN,
@@ -140,6 +143,9 @@ from toolwire.simulation.trace import (
 RUN_DEADLINE_S = 900.0
 RESULT_CACHE_SIZES = (0, 1, 3, 1024)
 _EPS = 1e-9
+
+# Where the seed's chats say their files are (in memory: nothing on disk there).
+WORKSPACE = "/ws"
 
 
 def _sha(data: bytes) -> str:
@@ -357,6 +363,7 @@ class SeedWorld(World):
 
     def replay(self, effect: SendReplay) -> None:
         self._check_offset(effect.conn, effect.call_id, effect.from_offset)
+        super().replay(effect)
 
     def publish(self, effect: Publish) -> None:
         super().publish(effect)
@@ -608,6 +615,30 @@ class SeedWorld(World):
             group.closed_fed = True
             self.feed(OutputClosed(call_id))
 
+    def spent(self, call_id: str) -> bool:
+        group = self.groups_model.get(call_id)
+        return group is not None and group.exited_fed and group.closed_fed
+
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        group = self.groups_model.get(effect.call_id)
+        require(
+            group is None or group.closed_fed,
+            "p.shrunk_early",
+            f"{effect.call_id[:8]}: its output shrinks while the command may still print",
+        )
+
+    def drop_process(self, effect: DropProcess) -> None:
+        group = self.groups_model.get(effect.call_id)
+        require(
+            group is None
+            or (
+                group.closed_fed
+                and group.shell_death + self.config.exited_retention_s <= self.now + _EPS
+            ),
+            "p.dropped_early",
+            f"{effect.call_id[:8]}: dropped from the listing before its retention ran out",
+        )
+
     def signal(self, call_id: str, group: Group, name: str) -> None:
         self.sim.trace.add(SIGNAL, self.now, self.generation, self.chat_id, call_id, name)
         group.signal(self.now, name)
@@ -622,7 +653,7 @@ class SeedWorld(World):
         if effect.unless_exited and group.shell_death <= self.now:
             self.inbox.append(AlreadyExited(call_id))
             return
-        if effect.reason in ("kill_after", "linger") and not group.alive(self.now):
+        if effect.only_if_alive and not group.alive(self.now):
             self.inbox.append(AlreadyExited(call_id))
             return
         if group.first_term is None:
@@ -1237,7 +1268,6 @@ class PureSim:
         cache = random.Random(f"{plan.seed}/cache").choice(RESULT_CACHE_SIZES)
         limits = Limits()
         config = ChatConfig(
-            workspace="/ws",
             max_processes_per_chat=limits.max_processes_per_chat,
             forget_after_s=limits.forget_after_s,
             kill_grace_s=plan.kill_grace_s,
@@ -1568,7 +1598,10 @@ def _as_input(conn: int, req: Request) -> tuple[Input, int]:
         case ApproveReq():
             return ApproveRequest(conn, req.call_id, req.approved, req.rid, None, req.scope), 1
         case TurnReq():
-            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid), 1
+            # As the shell does: each call's reservation read first (the seed's files are in
+            # memory under a workspace that does not exist on disk: nothing there to follow).
+            reservations = reserve(req.specs, WORKSPACE)
+            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid, reservations), 1
         case InterruptReq():
             return InterruptRequest(conn, req.turn_id, req.rid), 1
         case CloseChatReq():

@@ -22,18 +22,22 @@ from typing import Any
 from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
     AlreadyExited,
-    ApprovalRestored,
+    AttachRequest,
     CallEnded,
+    CallRequest,
     CancelTimer,
-    ClosedRestored,
+    CloseChatRequest,
     CloseFailed,
     Deadline,
     Detach,
+    DropProcess,
     Effect,
     Follow,
+    FollowMode,
     Forgotten,
     GroupEmpty,
     GroupGone,
+    GroupLost,
     GroupStopped,
     Input,
     JournalApproveTool,
@@ -44,6 +48,7 @@ from toolwire.actors.effects import (
     JournalReopen,
     JournalTouch,
     JournalWrite,
+    KillAfter,
     KillGroup,
     MarkTimedOut,
     OutputClosed,
@@ -51,6 +56,7 @@ from toolwire.actors.effects import (
     ProcessSnapshot,
     Publish,
     ReadBack,
+    Recovered,
     Restored,
     ResultsRead,
     ResultsReadFailed,
@@ -58,6 +64,8 @@ from toolwire.actors.effects import (
     Send,
     SendReplay,
     SendResult,
+    ShrinkOutput,
+    Shutdown,
     ShutdownDone,
     Spawn,
     Spawned,
@@ -66,6 +74,7 @@ from toolwire.actors.effects import (
     StopRun,
     ToolEnded,
     ToolStopped,
+    TurnRequest,
     WatchGroup,
 )
 from toolwire.actors.events import (
@@ -93,6 +102,7 @@ from toolwire.actors.tools.registry import TOOLS
 
 FORGET_AFTER_S = 30.0
 GATE_TIMEOUT_S = 20.0
+EXITED_RETENTION_S = 60.0
 
 
 class Broken(AssertionError):
@@ -122,6 +132,9 @@ class Proc:
     state: str = "running"  # running -> zombie (exited, not reaped) -> reaped
     stopping: str | None = None  # "term" while the grace runs, "kill" after SIGKILL
     output_closed: bool = False
+    shrunk: bool = False  # its retained output shrank to the result's size (5.2)
+    exited_at: float | None = None  # when its shell was reaped
+    dropped: bool = False  # it left the chat's process listing (5.2)
 
 
 @dataclass
@@ -142,11 +155,11 @@ class Owed:
 
 def default_config(keeps: bool) -> ChatConfig:
     return ChatConfig(
-        workspace="/ws",
         max_processes_per_chat=3,
         forget_after_s=FORGET_AFTER_S,
         kill_grace_s=2.0,
         approval_timeout_s=GATE_TIMEOUT_S,
+        exited_retention_s=EXITED_RETENTION_S,
         journal_enabled=True,
         journal_keeps_results=keeps,
     )
@@ -219,15 +232,26 @@ class World:
         self.follows: dict[str, set[Any]] = {}
         self.streams: set[tuple[Any, str]] = set()
         self.resolved: set[tuple[Any, str]] = set()
+        # Per (connection, call): the requests made that each wait for one result or replay
+        # (a call, an attach, a streamed turn's calls), the replays queued and not sent yet,
+        # and where the shell's output cursor is.
+        self.asked: Counter[tuple[Any, str]] = Counter()
+        self.replays_owed: Counter[tuple[Any, str]] = Counter()
+        self.cursors: dict[tuple[Any, str], int] = {}
+        self.asking: Input | None = None  # the request being handled
+        self.handling: Input | None = None  # the input being handled (a request or a report)
+        self.group_failures = 0  # how many of the next steps on a process group fail at once
 
     # -- feeding -------------------------------------------------------------------------------
 
     def request(self, event: Input) -> bool:
         """A request: True if accepted, False if refused (then nothing may have changed)."""
         before = self.fingerprint()
+        self.asking = self.handling = event
         try:
             effects = self.state.handle(event, self.now, self.wall_ms)
         except ToolwireError as refusal:
+            self.asking = None
             self.refusal = refusal  # what the Session would answer with (an `error`)
             require(
                 self.fingerprint() == before,
@@ -236,8 +260,33 @@ class World:
             )
             return False
         self.carry_out(effects)
+        self.asking = None
+        if isinstance(event, CallRequest | AttachRequest):
+            call_id = event.spec.call_id if isinstance(event, CallRequest) else event.call_id
+            self.asked[(event.conn, call_id)] += 1
+        elif isinstance(event, TurnRequest) and event.stream:
+            for spec in event.specs:
+                self.asked[(event.conn, spec.call_id)] += 1
         self.drain()
         return True
+
+    def asked_for(self, key: tuple[Any, str]) -> int:
+        """Requests on the connection still waiting for the call's live result (not for a
+        replay): what a detach must keep the follow for (PROTOCOL.md 9.9)."""
+        owed = self.owed[key[0]]
+        return self.asked[key] - owed.results[key[1]] - self.replays_owed[key]
+
+    def streams_asked(self) -> tuple[bool, bool]:
+        """Whether the request being handled streams, and whether it brings
+        `approval_resolved` without streaming (a `stream: false` turn)."""
+        asking = self.asking
+        if isinstance(asking, AttachRequest):
+            return True, False
+        if isinstance(asking, CallRequest):
+            return asking.stream, False
+        if isinstance(asking, TurnRequest):
+            return asking.stream, not asking.stream
+        return False, False
 
     def feed(self, event: Input) -> None:
         self.inbox.append(event)
@@ -246,6 +295,7 @@ class World:
     def drain(self) -> None:
         while self.inbox:
             event = self.inbox.popleft()
+            self.handling = event
             self.carry_out(self.state.handle(event, self.now, self.wall_ms))
 
     def fingerprint(self) -> Any:
@@ -297,7 +347,15 @@ class World:
                 self.stop_run(effect)
             elif isinstance(effect, Spawn):
                 self.spawn(effect)
+            elif isinstance(effect, StopGroup | KillGroup | WatchGroup) and self.group_failures:
+                # The shell could not carry the step out (it logged why): ChatState is told.
+                self.group_failures -= 1
+                proc = self.procs.get(effect.call_id)
+                if proc is not None and proc.stopping == "waiting":
+                    proc.stopping = None  # its SIGKILL never went: it lives on its own
+                self.inbox.append(GroupLost(effect.call_id))
             elif isinstance(effect, StopGroup):
+                self.check_stop(effect)
                 self.stop_group(effect)
             elif isinstance(effect, KillGroup):
                 self.kill_group(effect)
@@ -314,6 +372,10 @@ class World:
                 self.unfollow(effect.call_id)
             elif isinstance(effect, ShutdownDone):
                 self.shutdown_done()
+            elif isinstance(effect, ShrinkOutput):
+                self.shrink_output(effect)
+            elif isinstance(effect, DropProcess):
+                self.drop_process(effect)
             elif isinstance(effect, CallEnded | MarkTimedOut):
                 pass
             else:  # pragma: no cover - a new effect the machine must learn
@@ -322,19 +384,53 @@ class World:
     # The hooks a driver with a model of the world overrides (pure_seed.SeedWorld).
 
     def follow(self, effect: Follow) -> None:
+        key = (effect.conn, effect.call_id)
+        # Before this request: does an earlier one on the connection still owe the output
+        # it streams?
+        owes_output = key in self.streams and self.asked_for(key) > 0
         for event in effect.events:
             self.sent(effect.conn, event)
-        key = (effect.conn, effect.call_id)
         self.follows.setdefault(effect.call_id, set()).add(effect.conn)
-        if effect.stream:
+        stream, resolved = self.streams_asked()
+        if stream:
             self.streams.add(key)
-        if effect.resolved_events:
+        if resolved:
             self.resolved.add(key)
+        if effect.mode == FollowMode.REPLAY:
+            self.replays_owed[key] += 1
+            return
+        # How the connection follows from now on: streaming since any request asked for it
+        # (until a detach), `approval_resolved` too after a `stream: false` turn.
+        require(
+            effect.stream == (key in self.streams),
+            "b.stream_decided",
+            f"{effect.call_id}: follow says stream={effect.stream} to {effect.conn}",
+        )
+        require(
+            effect.resolved_events == (key in self.resolved),
+            "b.stream_decided",
+            f"{effect.call_id}: follow says resolved_events={effect.resolved_events}",
+        )
+        if effect.mode == FollowMode.LIVE:
+            # PROTOCOL.md 9.9: the cursor goes to the requested offset, but only back while an
+            # earlier request on the connection still owes output (the shell's rule applied to
+            # what ChatState decided, checked against what the requests asked).
+            wanted = effect.from_offset or 0
+            old = self.cursors.get(key, 0)
+            cursor = min(old, wanted) if effect.rewind_only else wanted
+            expected = min(old, wanted) if owes_output else wanted
+            require(
+                cursor == expected,
+                "b.cursor_skips",
+                f"{effect.call_id}: cursor of {effect.conn} at {cursor}, not {expected} "
+                f"(was {old}, asked {wanted})",
+            )
+            self.cursors[key] = cursor
         if effect.started is not None:
             self.streamed(effect.conn, effect.call_id, effect.started)
 
     def replay(self, effect: SendReplay) -> None:
-        pass
+        self.replays_owed[(effect.conn, effect.call_id)] -= 1
 
     def publish(self, effect: Publish) -> None:
         for conn in self.published_to(effect):
@@ -348,6 +444,13 @@ class World:
 
     def detach(self, effect: Detach) -> None:
         key = (effect.conn, effect.call_id)
+        # The follow stays exactly while a request on the connection waits for the call's
+        # live result (a queued replay goes out without it).
+        require(
+            effect.keep == (self.asked_for(key) > 0),
+            "b.detach_keep",
+            f"{effect.call_id}: detach keep={effect.keep} with {self.asked_for(key)} owed",
+        )
         self.streams.discard(key)
         self.resolved.discard(key)
         if not effect.keep:
@@ -376,6 +479,44 @@ class World:
                 f"{call_id}: approval_resolved to {conn}, which no request asked for it",
             )
 
+    def drop_process(self, effect: DropProcess) -> None:
+        """5.2: exited processes stay listed for `exited_retention_s` after their exit."""
+        proc = self.procs.get(effect.call_id)
+        require(
+            proc is not None
+            and proc.exited_at is not None
+            and proc.output_closed
+            and proc.exited_at + self.config.exited_retention_s <= self.now,
+            "p.dropped_early",
+            f"{effect.call_id}: dropped from the listing before its retention ran out",
+        )
+        assert proc is not None
+        proc.dropped = True
+
+    def check_listing(self) -> None:
+        """After a sweep: every process past its retention has left the listing (5.2)."""
+        for call_id, proc in self.procs.items():
+            require(
+                proc.dropped
+                or proc.exited_at is None
+                or not proc.output_closed
+                or proc.exited_at + self.config.exited_retention_s > self.now,
+                "p.listed_too_long",
+                f"{call_id}: still listed {self.now - (proc.exited_at or 0):.0f}s after its exit",
+            )
+
+    def shrink_output(self, effect: ShrinkOutput) -> None:
+        """5.2: an exited command's retained output shrinks to the result's size, but never
+        while something could still print to it."""
+        proc = self.procs.get(effect.call_id)
+        require(
+            proc is not None and proc.output_closed,
+            "p.shrunk_early",
+            f"{effect.call_id}: its output shrinks while the command may still print",
+        )
+        assert proc is not None
+        proc.shrunk = True
+
     def shutdown_done(self) -> None:
         """The chat's part of a shutdown is over (the agent then makes the journal durable)."""
 
@@ -388,11 +529,37 @@ class World:
         self.procs[effect.call_id] = Proc()
         self.inbox.append(Spawned(effect.call_id, 4242, self.snapshot(effect.call_id)))
 
+    def check_stop(self, effect: StopGroup) -> None:
+        """What a stop tells the command's listing, from why it happens (5.3, 9.2, 9.3, 9.6):
+        its hard deadline: `timed_out`, and only a group with a member alive is stopped; what
+        lingers of a spent group at a close or a shutdown: neither flag, only if alive; any
+        other stop a client asked for: `canceled`."""
+        why = self.handling
+        if isinstance(why, KillAfter):
+            expected = (True, True, False)
+        elif isinstance(why, AlreadyExited):
+            expected = (False, False, True)  # what the call left holding its pipe
+        else:
+            lingers = self.spent(effect.call_id) and isinstance(why, CloseChatRequest | Shutdown)
+            expected = (True, False, False) if lingers else (False, False, True)
+        got = (effect.only_if_alive, effect.timed_out, effect.canceled)
+        require(
+            got == expected,
+            "p.stop_flags",
+            f"{effect.call_id}: a stop for {type(why).__name__} says (only_if_alive, timed_out, "
+            f"canceled) {got}, not {expected}",
+        )
+
+    def spent(self, call_id: str) -> bool:
+        """The command's shell was reaped and its output ended (as ChatState was told)."""
+        proc = self.procs.get(call_id)
+        return proc is not None and proc.state == "reaped" and proc.output_closed
+
     def stop_group(self, effect: StopGroup) -> None:
         proc = self.procs[effect.call_id]
         if effect.unless_exited and proc.state != "running":
             self.inbox.append(AlreadyExited(effect.call_id))
-        elif effect.reason in ("kill_after", "linger") and proc.state == "reaped":
+        elif effect.only_if_alive and proc.state == "reaped":
             self.inbox.append(AlreadyExited(effect.call_id))  # no member left
         else:
             proc.stopping = "term"
@@ -591,19 +758,26 @@ class World:
         rows = sorted(self.committed.values(), key=lambda row: row.touched_at_ms)
         for row in rows:
             self.request(Restored(row, self.now - 1.0))
-        for tool in sorted(self.approvals):
-            if self.state.records:
-                self.request(ApprovalRestored(tool))
-        if self.closed_row:
-            # As the agent: still closed while it has records, else gone (its row dropped).
-            if self.state.records:
-                self.request(ClosedRestored())
-            else:
-                self.pending_writes.append(JournalReopen())
+        approvals = set(self.approvals)
+        if approvals or self.closed_row:
+            self.request(Recovered(tuple(sorted(approvals)), self.closed_row))
+        # 9.6: still closed while it has records, else gone (its row dropped); 9.5: the same
+        # for the approvals.
         require(
             self.state.closed == (self.closed_row and bool(self.state.records)),
             "x.close_not_restored",
             "after a restart the chat is closed exactly when its close survived with records",
+        )
+        require(
+            set(self.state.approved_tools) == (approvals if self.state.records else set()),
+            "x.approvals_not_restored",
+            "after a restart the chat's approvals hold exactly while it has records",
+        )
+        self.commit(len(self.pending_writes))
+        require(
+            bool(self.state.records) or not (self.closed_row or self.approvals),
+            "x.stale_rows",
+            "a chat with no record kept its close or approval rows",
         )
         self.commit(len(self.pending_writes))  # recovery is durable before requests come
 
@@ -650,6 +824,7 @@ class World:
         if proc.state == "reaped":
             return
         proc.state = "reaped"
+        proc.exited_at = self.now
         self.feed(ProcessExited(call_id, self.snapshot(call_id)))
         if not proc.output_closed:
             proc.output_closed = True
@@ -683,6 +858,13 @@ class World:
         self.feed(ResultsRead(found))
 
     def check_all_answered(self) -> None:
+        for call_id, proc in self.procs.items():
+            # 5.2: an idle agent holds at most the result's size of an exited process.
+            require(
+                proc.shrunk or not proc.output_closed,
+                "p.output_kept",
+                f"{call_id}: its output ended but keeps the full retention",
+            )
         for conn, owed in self.owed.items():
             if conn not in self.conns:
                 continue  # a connection of an agent that died: its replies died with it

@@ -35,12 +35,14 @@ from toolwire.actors.effects import (
     CloseChatRequest,
     DetachRequest,
     InterruptRequest,
+    Send,
     Shutdown,
     Sweep,
     ToolEnded,
     TurnRequest,
 )
-from toolwire.actors.events import ResultEvent
+from toolwire.actors.events import ResultEvent, TurnPlanEvent
+from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_CANCELED_WHILE_RUNNING,
@@ -49,7 +51,7 @@ from toolwire.actors.results import (
     ToolReport,
     text_killed_after,
 )
-from toolwire.simulation.pure_world import World, Written
+from toolwire.simulation.pure_world import EXITED_RETENTION_S, FORGET_AFTER_S, World, Written
 
 CALL_IDS = ["k1", "k2", "k3", "k4"]
 # The tools the machine calls, by what they make the state machine do: a command (a process
@@ -72,6 +74,7 @@ class ChatStateMachine(RuleBasedStateMachine):
     @initialize(keeps=st.booleans())
     def start(self, keeps: bool) -> None:
         self.world = World(journal_keeps_results=keeps)
+        self.sent_specs: list[CallSpec] = []
 
     conns = st.integers(0, 1)
     call_ids = st.sampled_from(CALL_IDS)
@@ -95,6 +98,14 @@ class ChatStateMachine(RuleBasedStateMachine):
             background=kind == "bg",
             approval=approval,
         )
+        if self.world.request(CallRequest(self.conn(conn), spec, stream, None)):
+            self.sent_specs.append(spec)
+
+    @precondition(lambda self: self.sent_specs)
+    @rule(conn=conns, data=st.data(), stream=st.booleans())
+    def call_again(self, conn: int, data: st.DataObject, stream: bool) -> None:
+        """A retry: a call sent before, again (on either connection, streaming or not)."""
+        spec = data.draw(st.sampled_from(self.sent_specs))
         self.world.request(CallRequest(self.conn(conn), spec, stream, None))
 
     @rule(conn=conns, call_id=call_ids, offset=st.integers(0, 5))
@@ -138,7 +149,8 @@ class ChatStateMachine(RuleBasedStateMachine):
         owed.turns[turn_id] += 1
         before = self.world.turn_calls.get(turn_id)
         self.world.turn_calls[turn_id] = [s.call_id for s in specs]
-        if not self.world.request(TurnRequest(self.conn(conn), turn_id, specs, stream, None)):
+        turn = TurnRequest(self.conn(conn), turn_id, specs, stream, None, reserve(specs, "/ws"))
+        if not self.world.request(turn):
             owed.turns[turn_id] -= 1
             if before is not None:
                 self.world.turn_calls[turn_id] = before
@@ -201,10 +213,17 @@ class ChatStateMachine(RuleBasedStateMachine):
         self.world.now += seconds
         self.world.wall_ms += int(seconds * 1000)
         self.world.request(Sweep())
+        self.world.check_listing()
 
     @rule(n=st.integers(1, 2))
     def journal_refuses(self, n: int) -> None:
         self.world.refusals = n
+
+    @rule()
+    def a_group_step_fails(self) -> None:
+        """The shell cannot carry out the next step on a process group (a stop, a kill, a
+        watch): the call ends `unknown`, and nothing waits for that group forever."""
+        self.world.group_failures = 1
 
     @rule()
     def journal_refuses_the_close(self) -> None:
@@ -237,6 +256,12 @@ class ChatStateMachine(RuleBasedStateMachine):
             self.world.quiesce()
             self.world.check_all_answered()
             assert self.world.state.replies_waiting == 0, "a reply still waits in a quiet chat"
+            # What exited stays listed for its retention (a sweep now drops none of it), and
+            # leaves the listing once that has passed (5.2).
+            self.world.request(Sweep())
+            self.world.now += EXITED_RETENTION_S
+            self.world.request(Sweep())
+            self.world.check_listing()
 
 
 # The suite's share; TOOLWIRE_STATE_EXAMPLES=20000 for a long search.
@@ -486,3 +511,112 @@ def test_a_failed_read_back_answers_unknown_once_and_the_saved_result_stays() ->
     world.quiesce()
     assert [e.result for e in answers if isinstance(e, ResultEvent)] == [saved]
     world.check_all_answered()
+
+
+def test_a_stream_false_call_sent_again_after_a_detach_brings_no_started() -> None:
+    """PROTOCOL.md 9.9: a detach ends what the connection streamed; a `stream: false` repeat
+    of the call then follows without `started` or output (the follow kept for the first
+    request's result once carried its stream on, and `started` went out again)."""
+    world = World(journal_keeps_results=False)
+    cmd = CallSpec("k1", "execute", CALLS["cmd"][1])
+    assert world.request(CallRequest("a0", cmd, True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: it spawns, `started` goes
+    assert world.request(DetachRequest("a0", "k1"))
+    assert world.request(CallRequest("a0", cmd, False, None))
+    assert ("a0", "k1") not in world.streams
+    world.quiesce()
+    world.check_all_answered()
+
+
+def test_a_repeated_request_moves_the_cursor_back_only_while_output_is_owed() -> None:
+    """PROTOCOL.md 9.9: an attach from an offset after where an earlier request's output is
+    still owed leaves the cursor there; after a detach the next attach starts where it asks."""
+    world = World(journal_keeps_results=False)
+    cmd = CallSpec("k1", "execute", CALLS["cmd"][1])
+    assert world.request(CallRequest("a0", cmd, True, None))
+    world.commit(len(world.pending_writes))
+    assert world.request(AttachRequest("a0", "k1", 3, None))
+    assert world.cursors[("a0", "k1")] == 0, "the attach skipped output the call still owes"
+    assert world.request(DetachRequest("a0", "k1"))
+    assert world.request(AttachRequest("a0", "k1", 3, None))
+    assert world.cursors[("a0", "k1")] == 3
+    world.quiesce()
+    world.check_all_answered()
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_group_step_that_fails_at_once_lets_the_shutdown_finish(failures: int) -> None:
+    """The shutdown's stop of a running command fails in the shell at once (and, with 2, the
+    SIGKILL that follows too): the call ends `unknown`, the group is killed or given up, and
+    the shutdown is over instead of waiting for a report that never comes (9.3)."""
+    world = _StopWorld(journal_keeps_results=False)
+    world.request(CallRequest("a0", CallSpec("k1", "execute", CALLS["cmd"][1]), True, None))
+    world.commit(len(world.pending_writes))  # the start is durable: the command runs
+    world.group_failures = failures
+    world.feed(Shutdown())
+    world.quiesce()
+    assert world.shutdowns_done == 1, "the shutdown waits for a group step that failed"
+    assert "k1" not in world.state.groups
+    result = world.committed["k1"].result
+    assert result is not None and result.outcome is Outcome.UNKNOWN
+    world.check_all_answered()
+
+
+def test_a_chat_scope_approval_survives_a_restart_while_the_chat_has_records() -> None:
+    """9.5: a tool approved for the whole chat stays approved after a restart (a new call of it
+    runs without a gate) for as long as the chat has records, and goes with the last one."""
+    world = World(journal_keeps_results=False)
+    gated = CallSpec("k1", "write_file", CALLS["write"][1], approval=True)
+    assert world.request(CallRequest("a0", gated, False, None))
+    world.commit(len(world.pending_writes))  # the parked gate's row
+    assert world.request(ApproveRequest("a0", "k1", True, None, None, "chat"))
+    world.quiesce()
+    world.restart()
+    assert world.state.approved_tools == ("write_file",)
+    again = CallSpec("k2", "write_file", CALLS["write"][1], approval=True)
+    assert world.request(CallRequest(world.conns[0], again, False, None))
+    assert world.state.records.get("k2").state.wire_state != "awaiting_approval"  # type: ignore[union-attr]
+    world.quiesce()
+    world.now += 2 * FORGET_AFTER_S
+    world.request(Sweep())  # every record is forgotten: the approval goes with them
+    world.commit(len(world.pending_writes))
+    world.restart()
+    assert world.state.approved_tools == () and not world.approvals
+    world.check_all_answered()
+
+
+def test_planning_a_turn_makes_no_filesystem_call() -> None:
+    """Issue 28: ChatState.handle runs on the loop for every chat, so a slow or network
+    workspace must not stall it: the shell resolves a turn's paths (its reservations) and
+    ChatState plans with what it is handed, calling nothing that reads the filesystem."""
+    import os
+    import posixpath
+    import sys
+    from types import FrameType
+
+    world = World(journal_keeps_results=False)
+    specs = (
+        CallSpec("k1", "read_file", {"path": "a/../f"}),
+        CallSpec("k2", "write_file", {"path": "./f", "content": "x"}),
+        CallSpec("k3", "search_files", {"pattern": "x"}),
+    )
+    turn = TurnRequest("a0", "t1", specs, True, None, reserve(specs, "/ws"))
+    watched = {posixpath.realpath.__code__, posixpath.expanduser.__code__}
+    builtins = {os.stat, os.lstat, os.readlink, os.listdir, os.scandir}
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in watched:
+            seen.append(frame.f_code.co_name)
+        elif event == "c_call" and arg in builtins:
+            seen.append(arg.__name__)
+
+    sys.setprofile(profile)
+    try:
+        effects = world.state.handle(turn, world.now, world.wall_ms)
+    finally:
+        sys.setprofile(None)
+    assert seen == []
+    # The plan is the one the resolved paths give: the write of f conflicts with its read.
+    plans = [e for e in effects if isinstance(e, Send) and isinstance(e.event, TurnPlanEvent)]
+    assert plans[0].event.segments == [["k1"], ["k2"], ["k3"]]

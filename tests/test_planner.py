@@ -16,22 +16,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolwire.actors.canonical_paths import canonical_path
 from toolwire.actors.planner import (
     MAX_PARALLEL_CALLS,
     Access,
     PlannedCall,
     Reservation,
-    canonical_path,
     conflicts,
     plan_segments,
-    reservation_for,
 )
+from toolwire.actors.reservations import reservation_for
 from toolwire.actors.tools.registry import TOOLS, reserves_of
 
 
 def call_of(call_id: str, tool: str, args: object) -> PlannedCall:
     """A call as the chat hands it to the planner: with its tool's role from the registry."""
     return PlannedCall(call_id, reserves_of(tool), args)
+
+
+def plan_of(calls: list[PlannedCall], workspace: str) -> list[list[str]]:
+    """Plan as the chat does: each call's reservation read first (the shell's part, which
+    resolves the paths), then the pure split into segments."""
+    return plan_segments([c.call_id for c in calls], [reservation_for(c, workspace) for c in calls])
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,7 @@ def lay(tmp_path: Path) -> Layout:
 def plan(lay: Layout, *calls: tuple[str, object]) -> list[list[str]]:
     """Plan calls given as (tool, args); their ids are c0, c1, ... in request order."""
     planned = [call_of(f"c{i}", tool, args) for i, (tool, args) in enumerate(calls)]
-    return plan_segments(planned, str(lay.ws))
+    return plan_of(planned, str(lay.ws))
 
 
 def read(path: str) -> tuple[str, object]:
@@ -373,7 +379,7 @@ def test_duplicate_call_ids_are_not_deduplicated(lay: Layout) -> None:
         call_of("same", "read_file", {"path": "x"}),
         call_of("same", "write_file", {"path": "x", "content": ""}),
     ]
-    assert plan_segments(calls, str(lay.ws)) == [["same", "same"], ["same"]]
+    assert plan_of(calls, str(lay.ws)) == [["same", "same"], ["same"]]
 
 
 # --- properties over random turns ------------------------------------------------------------
@@ -537,7 +543,7 @@ def oracle_plan(turn: list[Abstract]) -> list[list[str]]:
 def test_property_plan_shape(shared: Layout, turn: list[Abstract]) -> None:
     with home(shared):
         calls = render(shared, turn)
-        segments = plan_segments(calls, str(shared.ws))
+        segments = plan_of(calls, str(shared.ws))
         res = {c.call_id: reservation_for(c, str(shared.ws)) for c in calls}
     # Every kind gets the access the protocol gives it.
     for call, (kind, _) in zip(calls, turn, strict=True):
@@ -568,10 +574,10 @@ def test_property_plan_shape(shared: Layout, turn: list[Abstract]) -> None:
 @given(turn=turns_st)
 def test_property_spellings_of_one_file_are_one(shared: Layout, turn: list[Abstract]) -> None:
     with home(shared):
-        first = plan_segments(render(shared, turn, which=0), str(shared.ws))
-        second = plan_segments(render(shared, turn, which=1), str(shared.ws))
+        first = plan_of(render(shared, turn, which=0), str(shared.ws))
+        second = plan_of(render(shared, turn, which=1), str(shared.ws))
         # The workspace's own spelling does not matter either.
-        third = plan_segments(render(shared, turn, which=1), str(shared.real))
+        third = plan_of(render(shared, turn, which=1), str(shared.real))
     assert first == second == third
 
 
@@ -581,7 +587,7 @@ def test_property_plan_matches_an_oracle_on_real_names(
     shared: Layout, turn: list[Abstract]
 ) -> None:
     with home(shared):
-        segments = plan_segments(render(shared, turn), str(shared.ws))
+        segments = plan_of(render(shared, turn), str(shared.ws))
     assert segments == oracle_plan(turn)
 
 
@@ -653,4 +659,4 @@ def test_the_indexed_planner_plans_as_the_pairwise_definition(
             planned.append(call_of(call_id, "read_file", {"path": spelled[0]}))
             spelled = spelled[:1]
         reservations.append((call_id, Reservation(access, tuple(dict.fromkeys(spelled)))))
-    assert plan_segments(planned, real_root) == _pairwise_plan(reservations)
+    assert plan_of(planned, real_root) == _pairwise_plan(reservations)

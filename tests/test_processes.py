@@ -329,7 +329,6 @@ class _FakeBackend:
 def test_listing_is_newest_first_even_within_one_millisecond() -> None:
     table = ProcessTable(
         _FakeBackend(),
-        exited_retention_s=3600,
         retention_bytes=1024 * 1024,
         result_bytes=64 * 1024,
     )

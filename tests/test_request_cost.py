@@ -22,7 +22,13 @@ import pytest
 
 from toolwire.actors import effects as fx
 from toolwire.actors.results import ToolwireError
-from toolwire.benchmarks.scenarios.request_cost import REQUESTS, chat_state, drive, reads
+from toolwire.benchmarks.scenarios.request_cost import (
+    REQUESTS,
+    chat_state,
+    drive,
+    reads,
+    turn_request,
+)
 
 SMALL = 10
 LARGE = 3000
@@ -97,11 +103,11 @@ def test_a_list_longer_than_max_ids_per_request_is_refused_and_changes_nothing()
     assert refused.value.code == "over_limit"
     assert "max_ids_per_request" in refused.value.message and "100" in refused.value.message
     with pytest.raises(ToolwireError) as refused:
-        state.handle(fx.TurnRequest(CONN, "t", reads(101), True, None), 0.0, 0)
+        state.handle(turn_request(reads(101), stream=True), 0.0, 0)
     assert refused.value.code == "over_limit"
     assert "max_ids_per_request" in refused.value.message
     assert len(state.records) == 0 and not state.turns
     # At the limit itself, both are taken.
     drive(state, fx.CancelRequest(CONN, tuple(f"id-{i}" for i in range(100)), None))
-    drive(state, fx.TurnRequest(CONN, "t", reads(100), True, None))
+    drive(state, turn_request(reads(100), stream=True))
     assert len(state.records) == 200

@@ -53,9 +53,7 @@ class Procs:
     def __init__(self, nursery: trio.Nursery, workspace: Path, backend: RealProcessBackend) -> None:
         self.nursery = nursery
         self.workspace = workspace
-        self.table = ProcessTable(
-            backend, exited_retention_s=3600, retention_bytes=1 << 20, result_bytes=64 << 10
-        )
+        self.table = ProcessTable(backend, retention_bytes=1 << 20, result_bytes=64 << 10)
 
     def start(self, process_id: str, command: str, **args: Any) -> ProcessRecord:
         parsed = parse_args(TOOLS["execute"], {"command": command, **args})
@@ -554,9 +552,7 @@ async def test_wait_ms_is_capped_and_waits_in_virtual_time(
     backend = SimBackend(
         {"quiet": Script(chunks=(), duration=1000.0)}, lambda _, p: spawned.append(p)
     )
-    table = ProcessTable(
-        backend, exited_retention_s=60, retention_bytes=1 << 20, result_bytes=64 << 10
-    )
+    table = ProcessTable(backend, retention_bytes=1 << 20, result_bytes=64 << 10)
     record = table.spawn("p", "quiet", ["/bin/sh", "-c", "quiet"], "/", {}, 0, stdin=True)
     nursery.start_soon(processes.pump, record, lambda _: None)
     nursery.start_soon(processes.reap, record, lambda: 0, table.exited)

@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolwire.actors import planner
-from toolwire.actors.planner import Access, PlannedCall, canonical_path, reservation_for
+from toolwire.actors.canonical_paths import canonical_path
+from toolwire.actors.planner import Access, PlannedCall
+from toolwire.actors.reservations import reservation_for
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.tools import registry
 from toolwire.actors.tools.registry import TOOLS, input_schema, parse_args, parse_shape

@@ -52,7 +52,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from toolwire.actors.planner import canonical_path
+from toolwire.actors.canonical_paths import canonical_path
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 from toolwire.actors.tools import big_text, patterns
 from toolwire.actors.tools.mounts import PseudoFilesystems

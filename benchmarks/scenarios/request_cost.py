@@ -23,6 +23,7 @@ from collections.abc import Callable
 from toolwire.actors import effects as fx
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.chat_state import ChatConfig, ChatState
+from toolwire.actors.reservations import reserve
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.results import Outcome, ToolReport
 from toolwire.benchmarks.core import (
@@ -34,6 +35,7 @@ from toolwire.benchmarks.core import (
 )
 
 CONN = "bench-conn"
+WORKSPACE = "/nonexistent-workspace"
 # Work per id at the largest size may be at most this many times that at 10 ids.
 FLAT_RATIO = 2.0
 
@@ -42,7 +44,6 @@ def chat_state(max_ids: int = 1_000_000) -> ChatState:
     """A chat as `toolwire serve` runs it (a journal: every row waits for its commit), with no
     bound on the ids of one request, so the curve can go past the limit."""
     config = ChatConfig(
-        workspace="/nonexistent-workspace",
         max_processes_per_chat=64,
         forget_after_s=3600,
         kill_grace_s=2.0,
@@ -50,6 +51,12 @@ def chat_state(max_ids: int = 1_000_000) -> ChatState:
         max_ids_per_request=max_ids,
     )
     return ChatState("chat", config, ResultCache())
+
+
+def turn_request(specs: tuple[CallSpec, ...], *, stream: bool) -> fx.TurnRequest:
+    """A turn as the shell hands it over: each call's reservation already read (its paths
+    resolved against a workspace that does not exist: nothing on disk to see)."""
+    return fx.TurnRequest(CONN, "turn", specs, stream, None, reserve(specs, WORKSPACE))
 
 
 def drive(state: ChatState, first: fx.Input) -> list[fx.Effect]:
@@ -106,7 +113,7 @@ def _interrupt_turn(n: int) -> tuple[ChatState, fx.Input]:
     specs = tuple(
         CallSpec(f"t-{i}", "read_file", {"path": f"d/f{i}"}, approval=True) for i in range(n)
     )
-    drive(state, fx.TurnRequest(CONN, "turn", specs, True, None))
+    drive(state, turn_request(specs, stream=True))
     return state, fx.InterruptRequest(CONN, "turn", None)
 
 
@@ -118,7 +125,7 @@ def _close_parked(n: int) -> tuple[ChatState, fx.Input]:
 
 def _turn_of_reads(n: int) -> tuple[ChatState, fx.Input]:
     """Planned (n distinct paths: one segment), run 8 at a time, answered."""
-    return chat_state(), fx.TurnRequest(CONN, "turn", reads(n), True, None)
+    return chat_state(), turn_request(reads(n), stream=True)
 
 
 def _turn_of_writes(n: int) -> tuple[ChatState, fx.Input]:
@@ -126,7 +133,7 @@ def _turn_of_writes(n: int) -> tuple[ChatState, fx.Input]:
     specs = tuple(
         CallSpec(f"w-{i}", "write_file", {"path": "same", "content": "x"}) for i in range(n)
     )
-    return chat_state(), fx.TurnRequest(CONN, "turn", specs, False, None)
+    return chat_state(), turn_request(specs, stream=False)
 
 
 # Each request that names many calls: n -> (the chat set up, uncounted; the request).
