@@ -49,6 +49,8 @@ class CallRequest:
     spec: CallSpec
     stream: bool
     rid: Rid
+    # Where this request's output starts (PROTOCOL.md 10.2); an ended call sends none.
+    from_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +349,8 @@ class FollowMode:
 @dataclass(frozen=True, slots=True)
 class Follow:
     """`conn` follows the call from now on (a detached follower follows again), `events` go
-    to it first, in order; then, by `mode`: LIVE places the output cursor at `from_offset`
+    to it first, in order; then, by `mode`: SUBSCRIBE leaves the cursor where it is (a new
+    follow of a new call starts at `from_offset`, if given); LIVE places it at `from_offset`
     (never past output an earlier request on this connection still owes, PROTOCOL.md 9.9)
     and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows)."""
 

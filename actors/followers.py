@@ -86,6 +86,9 @@ class Followers:
             if effect.started is not None:
                 outbox.put(effect.started, sub)
             sub.output_ready()
+        elif effect.mode is FollowMode.SUBSCRIBE and effect.from_offset and not was_following:
+            # A new call asked to start its output at an offset (PROTOCOL.md 10.2).
+            sub.cursor = effect.from_offset
         elif effect.mode is FollowMode.REPLAY:
             io.published = True
             if not was_following:

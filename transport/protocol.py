@@ -56,7 +56,8 @@ ErrorCode = Literal[
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
 # `stdin`, `pty`, `kill_after`: interactive commands and hard deadlines (9.1, 9.2).
 # `close_chat`: ending a chat's calls and processes in one request (9.6).
-# And of the 1.2 additions of PROTOCOL.md 10: `describe_tools` (10.3), `list_dir` (10.5).
+# And of the 1.2 additions of PROTOCOL.md 10: `call_from_offset` (10.2), `describe_tools`
+# (10.3), `list_dir` (10.5).
 FEATURES = (
     "stdin",
     "pty",
@@ -65,6 +66,7 @@ FEATURES = (
     "expected_sha256",
     "close_chat",
     "http_status",
+    "call_from_offset",
     "describe_tools",
     "list_dir",
 )
@@ -100,6 +102,10 @@ class Call(_ClientMessage, tag="call"):
     approval: bool = False
     stream: bool = True
     sandbox: Sandbox | None = None
+    # 1.2 (PROTOCOL.md 10.2): this request's output starts at this byte offset, as an
+    # attach's does; a resumed chat server shows nothing twice. Not part of what the call id
+    # stands for (a repeat with another offset is no conflict) and never changes the result.
+    from_offset: NonNegativeInt = 0
 
 
 class Attach(_ClientMessage, tag="attach"):
