@@ -256,6 +256,18 @@ class Result(msgspec.Struct, kw_only=True):
     finished_at: int | None
     wall_ms: int | None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The Result as plain JSON values (for a framework's message history, a database):
+        every field, nulls included; `Result.from_dict` turns it back into an equal Result."""
+        value: dict[str, Any] = msgspec.to_builtins(self)
+        return value
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Result:
+        """A Result from `to_dict`'s form (or a `result` message's fields; others are ignored).
+        Raises msgspec.ValidationError naming the field when one is missing or mistyped."""
+        return msgspec.convert(value, cls)
+
 
 class Welcome(_AgentMessage, tag="welcome"):
     protocol: int

@@ -41,6 +41,7 @@ import msgspec
 from toolwire.transport import protocol
 from toolwire.transport.client.handles import CallHandle, FlagFactory, TurnHandle
 from toolwire.transport.client.requests import RequestState
+from toolwire.transport.client.runtime import TaskRuntime
 from toolwire.transport.client.state import ClientState
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding
 
@@ -63,6 +64,7 @@ class ClientAPI:
         backoff_initial_s: float,
         backoff_max_s: float,
         ssl_context: ssl.SSLContext | None,
+        runtime: TaskRuntime,
     ) -> None:
         if encoding not in ("json", "msgpack"):
             raise ValueError(f"encoding must be 'json' or 'msgpack', not {encoding!r}")
@@ -73,6 +75,8 @@ class ClientAPI:
             raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
         self.url = url
         self.encoding: Encoding = encoding
+        # The shell's tasks, cancellation and shielding, for the executor (executor.py).
+        self.runtime = runtime
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._host = parts.hostname
