@@ -190,9 +190,10 @@ class ToolExecutor:
                 sandbox=self.sandbox,
                 from_offset=from_offset,
             )
-            return await self._follow(
-                call, handle, on_output or self.on_output, on_approval or self.on_approval
-            )
+            on_output = on_output or self.on_output
+            if handle.accepted.state == "done" and on_output is not None:
+                handle = await self._replay(call, handle, from_offset)
+            return await self._follow(call, handle, on_output, on_approval or self.on_approval)
         except BaseException as exc:
             if client.runtime.is_cancellation(exc):
                 await self._after_cancellation([call])
@@ -357,11 +358,27 @@ class ToolExecutor:
     ) -> None:
         call = batch.calls[index]
         try:
+            if handle.accepted.state == "done" and on_output is not None:
+                handle = await self._replay(call, handle, handle.offset)
             result = await self._follow(call, handle, on_output, on_approval)
         except ToolwireClientError as exc:
             batch.settle(BatchItem(index, call, None, exc))
             return
         batch.settle(BatchItem(index, call, result))
+
+    async def _replay(self, call: ModelToolCall, ended: CallHandle, from_offset: int) -> CallHandle:
+        """A `call` of an ended call brings its result only (PROTOCOL.md 9.9), so a caller
+        resuming after a crash would miss the output it had not shown yet: an `attach` from its
+        offset replays what the agent retains of it, then the same result."""
+        result = await ended.result()
+        if result.output_bytes <= from_offset:
+            return ended
+        try:
+            return await self.client.attach(call.chat_id, call.call_id, from_offset)
+        except RequestError as exc:
+            if exc.code != "unknown_call":  # forgotten meanwhile: the result is all there is
+                raise
+            return ended
 
     async def _follow(
         self,
