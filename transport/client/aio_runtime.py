@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from toolwire.transport.client.handles import Flag
+from toolwire.transport.client.runtime import block_exception
 
 __all__ = ["AsyncioRuntime"]
 
@@ -33,15 +34,6 @@ class _Helpers:
             task.cancel()
 
 
-def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        if len(exc.exceptions) != 1:
-            return None
-        exc = exc.exceptions[0]
-    return exc
-
-
 class AsyncioRuntime:
     """`TaskRuntime` on asyncio."""
 
@@ -55,7 +47,7 @@ class AsyncioRuntime:
                 finally:
                     helpers.cancel_all()
         except BaseExceptionGroup as group:
-            single = _single_leaf(group)
+            single = block_exception(group, asyncio.CancelledError)
             if single is None:
                 raise
             raise single from single.__cause__

@@ -48,7 +48,7 @@ from toolwire.transport.client.errors import (
     ToolwireClientError,
     UnknownTool,
 )
-from toolwire.transport.client.handles import CallHandle, Mailbox
+from toolwire.transport.client.handles import CallHandle, Mailbox, TurnHandle
 from toolwire.transport.client.runtime import Helpers
 from toolwire.transport.client.tool_calls import (
     ApprovalCallback,
@@ -101,6 +101,7 @@ class Batch:
         self.calls = list(calls)
         self.turn_id: str | None = None  # None when no call of it was sent
         self.sent: list[ModelToolCall] = []  # the calls handed to the turn (in request order)
+        self.turn: TurnHandle | None = None  # its plan and handles, once the agent took it
         self._items: dict[int, BatchItem] = {}
         self._arrivals: Mailbox[BatchItem] = Mailbox(client.runtime.flag)
         self._all = client.runtime.flag()
@@ -335,6 +336,7 @@ class ToolExecutor:
             for index, _ in specs:
                 batch.settle(BatchItem(index, batch.calls[index], None, exc))
             return
+        batch.turn = turn
         for index, spec in specs:
             handle = turn.calls[spec.call_id]
             helpers.start(

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from toolwire.transport.client.handles import Flag
 
-__all__ = ["Helper", "Helpers", "TaskRuntime"]
+__all__ = ["Helper", "Helpers", "TaskRuntime", "block_exception"]
 
 _T = TypeVar("_T")
 
@@ -50,3 +50,24 @@ class TaskRuntime(Protocol):
     async def shielded(self, fn: Callable[[], Awaitable[_T]], timeout_s: float) -> _T | None: ...
 
     def flag(self) -> Flag: ...
+
+
+def block_exception(
+    group: BaseExceptionGroup[Any], cancelled: type[BaseException]
+) -> BaseException | None:
+    """What a `helpers()` block raised, out of the group its nursery or TaskGroup wrapped it
+    in: the one exception when there is one; one cancellation when all are (the block's and
+    its helpers': one stands for all, so a caller's `except Cancelled` sees what it would
+    without helpers); else None (re-raise the group)."""
+    if group.split(cancelled)[1] is not None and _count(group) != 1:
+        return None
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _count(exc: BaseException) -> int:
+    if isinstance(exc, BaseExceptionGroup):
+        return sum(_count(inner) for inner in exc.exceptions)
+    return 1

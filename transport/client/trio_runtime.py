@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import trio
 
 from toolwire.transport.client.handles import Flag
+from toolwire.transport.client.runtime import block_exception
 
 __all__ = ["TrioRuntime"]
 
@@ -49,15 +50,6 @@ class _Helpers:
             helper.cancel()
 
 
-def _single_leaf(group: BaseExceptionGroup[Any]) -> BaseException | None:
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        if len(exc.exceptions) != 1:
-            return None
-        exc = exc.exceptions[0]
-    return exc
-
-
 class TrioRuntime:
     """`TaskRuntime` on trio."""
 
@@ -73,7 +65,7 @@ class TrioRuntime:
         except BaseExceptionGroup as group:
             # The nursery wraps what the block raised; hand back the block's own exception
             # when it is the only one, as a plain `async with` would.
-            single = _single_leaf(group)
+            single = block_exception(group, trio.Cancelled)
             if single is None:
                 raise
             raise single from single.__cause__
