@@ -159,8 +159,17 @@ class Agent:
 
     # Requests, routed to their chat. Each raises ToolwireError and changes nothing on bad input.
 
-    def call(self, outbox: Outbox, chat_id: str, spec: CallSpec, *, stream: bool, rid: Any) -> None:
-        self.chat(chat_id).call(outbox, spec, stream=stream, rid=rid)
+    def call(
+        self,
+        outbox: Outbox,
+        chat_id: str,
+        spec: CallSpec,
+        *,
+        stream: bool,
+        rid: Any,
+        from_offset: int = 0,
+    ) -> None:
+        self.chat(chat_id).call(outbox, spec, stream=stream, rid=rid, from_offset=from_offset)
 
     def attach(
         self, outbox: Outbox, chat_id: str, call_id: str, from_offset: int, rid: Any

@@ -119,8 +119,10 @@ class ChatActor:
     # -----------------------------------------------------------------------------------------
     # Requests: each raises ToolwireError and changes nothing when refused
 
-    def call(self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any) -> None:
-        self._request(fx.CallRequest(outbox, spec, stream, rid))
+    def call(
+        self, outbox: Outbox, spec: CallSpec, *, stream: bool, rid: Any, from_offset: int = 0
+    ) -> None:
+        self._request(fx.CallRequest(outbox, spec, stream, rid, from_offset))
 
     def attach(self, outbox: Outbox, call_id: str, from_offset: int, rid: Any) -> None:
         self._request(fx.AttachRequest(outbox, call_id, from_offset, rid))

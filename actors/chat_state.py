@@ -566,13 +566,28 @@ class ChatState:
                 call.held_accepted = (req.conn, accepted)
                 first = ()
             self._emit(
-                Follow(req.conn, spec.call_id, follower.stream, False, first, FollowMode.SUBSCRIBE)
+                Follow(
+                    req.conn,
+                    spec.call_id,
+                    follower.stream,
+                    False,
+                    first,
+                    FollowMode.SUBSCRIBE,
+                    req.from_offset or None,
+                )
             )
             self._forget_some()
             self._start(record, gated=gated)
             return
         self._journal_touch(record)
-        self._follow(req.conn, record, stream=req.stream, rid=req.rid, from_offset=None)
+        self._follow(
+            req.conn,
+            record,
+            stream=req.stream,
+            rid=req.rid,
+            from_offset=None,
+            live_from=req.from_offset,
+        )
 
     def _answers_at_once(self, tool: ToolDef | None) -> bool:
         """A call of `tool` ends on the loop within this request, sends nothing before its
@@ -918,9 +933,12 @@ class ChatState:
         rid: Rid,
         from_offset: int | None,
         replay: bool = True,
+        live_from: int = 0,
     ) -> None:
         """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
-        turn just created: `replay` False)."""
+        turn just created: `replay` False). `live_from`: where a repeated `call`'s output starts
+        while the call runs (its `from_offset`, PROTOCOL.md 10.2); once the call has ended a
+        `call` gets its saved result only, whatever its offset (9.9)."""
         call = self.calls.get(record.call_id)
         if call is not None:
             self._send_held_accepted(call)
@@ -972,7 +990,7 @@ class ChatState:
                 follower.resolved_events,
                 events,
                 FollowMode.LIVE,
-                from_offset or 0,
+                live_from if from_offset is None else from_offset,
                 # After this request's `accepted`, and only to a connection that streams: a
                 # `stream: false` request never brings `started` (PROTOCOL.md 9.9).
                 call.started if follower.stream else None,

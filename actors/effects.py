@@ -50,6 +50,8 @@ class CallRequest:
     spec: CallSpec
     stream: bool
     rid: Rid
+    # Where this request's output starts (PROTOCOL.md 10.2); an ended call sends none.
+    from_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,12 +360,14 @@ class FollowMode:
 @dataclass(frozen=True, slots=True)
 class Follow:
     """`conn` follows the call from now on (a detached follower follows again), `events` go
-    to it first, in order; then, by `mode`: LIVE places the output cursor at `from_offset`
-    (with `rewind_only`: only if that is earlier than where it is, since an earlier request on
-    this connection still owes the output in between, PROTOCOL.md 9.9) and sends `started`;
-    REPLAY marks a replay as queued (its `SendReplay` follows) and leaves the live follow as
-    it is. `stream` and `resolved_events` (LIVE and SUBSCRIBE) are how the connection follows
-    from now on, as ChatState decided them: the shell stores them as they are."""
+    to it first, in order; then, by `mode`: SUBSCRIBE leaves the cursor where it is (a new
+    follow of a new call starts at `from_offset`, if given: PROTOCOL.md 10.2); LIVE places the
+    output cursor at `from_offset` (with `rewind_only`: only if that is earlier than where it
+    is, since an earlier request on this connection still owes the output in between, PROTOCOL.md
+    9.9) and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows) and
+    leaves the live follow as it is. `stream` and `resolved_events` (LIVE and SUBSCRIBE) are how
+    the connection follows from now on, as ChatState decided them: the shell stores them as
+    they are."""
 
     conn: Conn
     call_id: str

@@ -87,6 +87,10 @@ class Followers:
             if effect.started is not None:
                 outbox.put(effect.started, sub)
             sub.output_ready()
+        elif effect.mode is FollowMode.SUBSCRIBE and effect.from_offset:
+            # A new call asked to start its output at an offset (PROTOCOL.md 10.2); ChatState
+            # gives one only for a call it just made, which nobody followed before.
+            sub.cursor = effect.from_offset
         elif effect.mode is FollowMode.REPLAY:
             io.published = True
             if not sub.following:

@@ -74,11 +74,24 @@ class RecordingAgent:
             self._world.rejected(entry, "internal")
             raise
 
-    def call(self, outbox: Outbox, chat_id: str, spec: CallSpec, *, stream: bool, rid: Any) -> None:
+    def call(
+        self,
+        outbox: Outbox,
+        chat_id: str,
+        spec: CallSpec,
+        *,
+        stream: bool,
+        rid: Any,
+        from_offset: int = 0,
+    ) -> None:
+        # The orchestrator of the simulation never sends `from_offset` (PROTOCOL.md 10.2): the
+        # checker's model of output cursors has a `call` start at 0.
         self._apply(
             outbox,
             CallReq(chat_id, rid, spec, stream),
-            lambda: self._agent.call(outbox, chat_id, spec, stream=stream, rid=rid),
+            lambda: self._agent.call(
+                outbox, chat_id, spec, stream=stream, rid=rid, from_offset=from_offset
+            ),
         )
 
     def attach(

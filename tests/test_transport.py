@@ -99,6 +99,7 @@ async def test_welcome_carries_identity_tools_and_limits(live: LiveServer) -> No
             "expected_sha256",
             "close_chat",
             "http_status",
+            "call_from_offset",
             "describe_tools",
             "list_dir",
         ] + (["sandbox"] if any(enforceable.values()) else [])

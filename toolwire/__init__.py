@@ -9,6 +9,11 @@ server needs is re-exported here.
 from __future__ import annotations
 
 from toolwire.transport.client import (
+    ApprovalDecision,
+    BadArgs,
+    Batch,
+    BatchItem,
+    CallConflict,
     CallEvent,
     CallHandle,
     Client,
@@ -16,11 +21,16 @@ from toolwire.transport.client import (
     ConnectionLost,
     Detached,
     MessageTooBig,
+    ModelToolCall,
+    OutputChunk,
     OutputCursor,
     RequestError,
+    ToolExecutor,
     ToolwireClientError,
     TurnHandle,
+    UnknownTool,
     connect,
+    render_result,
 )
 from toolwire.transport.ids import TOOL_CALL_NAMESPACE, tool_call_id, tool_call_ids
 from toolwire.transport.protocol import (
@@ -36,7 +46,12 @@ from toolwire.transport.protocol import (
 __all__ = [
     "TOOL_CALL_NAMESPACE",
     "Approval",
+    "ApprovalDecision",
     "ApprovalResolved",
+    "BadArgs",
+    "Batch",
+    "BatchItem",
+    "CallConflict",
     "CallEvent",
     "CallHandle",
     "CallSpec",
@@ -45,15 +60,20 @@ __all__ = [
     "ConnectionLost",
     "Detached",
     "MessageTooBig",
+    "ModelToolCall",
     "Output",
+    "OutputChunk",
     "OutputCursor",
     "RequestError",
     "Result",
     "ResultMessage",
     "Started",
+    "ToolExecutor",
     "ToolwireClientError",
     "TurnHandle",
+    "UnknownTool",
     "connect",
+    "render_result",
     "tool_call_id",
     "tool_call_ids",
 ]

@@ -8,16 +8,26 @@ from __future__ import annotations
 import importlib.util
 
 from toolwire.transport.client import (
+    ApprovalDecision,
+    BadArgs,
+    Batch,
+    BatchItem,
+    CallConflict,
     CallEvent,
     CallHandle,
     ConnectError,
     ConnectionLost,
     Detached,
     MessageTooBig,
+    ModelToolCall,
+    OutputChunk,
     OutputCursor,
     RequestError,
+    ToolExecutor,
     ToolwireClientError,
     TurnHandle,
+    UnknownTool,
+    render_result,
 )
 
 # `pip install toolwire` does not bring websockets: say which extra does, rather than let the
@@ -32,6 +42,11 @@ if importlib.util.find_spec("websockets") is None:
 from toolwire.transport.client.aio import Client, connect
 
 __all__ = [
+    "ApprovalDecision",
+    "BadArgs",
+    "Batch",
+    "BatchItem",
+    "CallConflict",
     "CallEvent",
     "CallHandle",
     "Client",
@@ -39,9 +54,14 @@ __all__ = [
     "ConnectionLost",
     "Detached",
     "MessageTooBig",
+    "ModelToolCall",
+    "OutputChunk",
     "OutputCursor",
     "RequestError",
+    "ToolExecutor",
     "ToolwireClientError",
     "TurnHandle",
+    "UnknownTool",
     "connect",
+    "render_result",
 ]

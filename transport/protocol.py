@@ -56,7 +56,8 @@ ErrorCode = Literal[
 # `http_status`: /healthz, /readyz and /metrics on the WebSocket's port (9.7).
 # `stdin`, `pty`, `kill_after`: interactive commands and hard deadlines (9.1, 9.2).
 # `close_chat`: ending a chat's calls and processes in one request (9.6).
-# And of the 1.2 additions of PROTOCOL.md 10: `describe_tools` (10.3), `list_dir` (10.5).
+# And of the 1.2 additions of PROTOCOL.md 10: `call_from_offset` (10.2), `describe_tools`
+# (10.3), `list_dir` (10.5).
 FEATURES = (
     "stdin",
     "pty",
@@ -65,6 +66,7 @@ FEATURES = (
     "expected_sha256",
     "close_chat",
     "http_status",
+    "call_from_offset",
     "describe_tools",
     "list_dir",
 )
@@ -100,6 +102,10 @@ class Call(_ClientMessage, tag="call"):
     approval: bool = False
     stream: bool = True
     sandbox: Sandbox | None = None
+    # 1.2 (PROTOCOL.md 10.2): this request's output starts at this byte offset, as an
+    # attach's does; a resumed chat server shows nothing twice. Not part of what the call id
+    # stands for (a repeat with another offset is no conflict) and never changes the result.
+    from_offset: NonNegativeInt = 0
 
 
 class Attach(_ClientMessage, tag="attach"):
@@ -249,6 +255,18 @@ class Result(msgspec.Struct, kw_only=True):
     started_at: int | None
     finished_at: int | None
     wall_ms: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Result as plain JSON values (for a framework's message history, a database):
+        every field, nulls included; `Result.from_dict` turns it back into an equal Result."""
+        value: dict[str, Any] = msgspec.to_builtins(self)
+        return value
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Result:
+        """A Result from `to_dict`'s form (or a `result` message's fields; others are ignored).
+        Raises msgspec.ValidationError naming the field when one is missing or mistyped."""
+        return msgspec.convert(value, cls)
 
 
 class Welcome(_AgentMessage, tag="welcome"):

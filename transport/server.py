@@ -509,7 +509,9 @@ class Session:
             fingerprint,
             sandbox,
         )
-        self.agent.call(self.outbox, m.chat_id, spec, stream=m.stream, rid=m.rid)
+        self.agent.call(
+            self.outbox, m.chat_id, spec, stream=m.stream, rid=m.rid, from_offset=m.from_offset
+        )
 
     def _on_attach(self, m: protocol.Attach) -> None:
         self.agent.attach(self.outbox, m.chat_id, m.call_id, m.from_offset, m.rid)

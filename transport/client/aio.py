@@ -31,6 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.typing import Subprotocol
 
 from toolwire.transport import protocol
+from toolwire.transport.client.aio_runtime import AsyncioRuntime
 from toolwire.transport.client.api import ClientAPI
 from toolwire.transport.client.errors import BadWelcome, ConnectError, ConnectionLost
 from toolwire.transport.client.session import (
@@ -86,6 +87,7 @@ class Client(ClientAPI):
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=backoff_max_s,
             ssl_context=ssl_context,
+            runtime=AsyncioRuntime(),
         )
         self._connect_timeout_s = connect_timeout_s
         self._ping_interval_s = ping_interval_s

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -41,6 +41,7 @@ import msgspec
 from toolwire.transport import protocol
 from toolwire.transport.client.handles import CallHandle, FlagFactory, TurnHandle
 from toolwire.transport.client.requests import RequestState
+from toolwire.transport.client.runtime import TaskRuntime
 from toolwire.transport.client.state import ClientState
 from toolwire.transport.codec import SUBPROTOCOLS, Codec, Encoding
 
@@ -63,6 +64,7 @@ class ClientAPI:
         backoff_initial_s: float,
         backoff_max_s: float,
         ssl_context: ssl.SSLContext | None,
+        runtime: TaskRuntime,
     ) -> None:
         if encoding not in ("json", "msgpack"):
             raise ValueError(f"encoding must be 'json' or 'msgpack', not {encoding!r}")
@@ -73,6 +75,8 @@ class ClientAPI:
             raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
         self.url = url
         self.encoding: Encoding = encoding
+        # The shell's tasks, cancellation and shielding, for the executor (executor.py).
+        self.runtime = runtime
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._host = parts.hostname
@@ -154,6 +158,7 @@ class ClientAPI:
         approval: bool = False,
         stream: bool = True,
         sandbox: protocol.Sandbox | dict[str, Any] | None = None,
+        from_offset: int = 0,
     ) -> CallHandle:
         """Send `call` and return once it is `accepted`; raise RequestError on `error`.
 
@@ -163,7 +168,15 @@ class ClientAPI:
         False}`) confines the command; where the agent's kernel cannot enforce it, this raises
         RequestError("sandbox_unsupported") and nothing ran. It is part of what the call id
         stands for: a repeat with another sandbox raises RequestError("conflict").
+
+        `from_offset` (PROTOCOL.md 10.2): the output this caller already has of the call (saved
+        across a restart of the caller), so the handle yields only bytes from that offset on.
+        An agent with the feature `call_from_offset` starts sending there; an older one ignores
+        the field and sends from 0, and the handle drops what lies before it: either way
+        nothing is shown twice, and the result is the same.
         """
+        if from_offset < 0:
+            raise ValueError(f"from_offset must be >= 0, not {from_offset}")
         message = protocol.Call(
             rid=self._state.next_rid(),
             chat_id=chat_id,
@@ -175,6 +188,7 @@ class ClientAPI:
             approval=approval,
             stream=stream,
             sandbox=None if sandbox is None else msgspec.convert(sandbox, protocol.Sandbox),
+            from_offset=from_offset,
         )
         request = self._state.call(message)
         await self._roundtrip(request)
@@ -274,10 +288,16 @@ class ClientAPI:
         turn_id: str,
         calls: Sequence[CallSpecLike],
         stream: bool = True,
+        from_offsets: Mapping[str, int] | None = None,
     ) -> TurnHandle:
         """Run a batch with the read/write planner (PROTOCOL.md 5.6). Returns once the plan
         (and, with stream=True, every call's `accepted`) arrived; RequestError on `error`.
-        With stream=True, `handle.calls[call_id]` follows each call."""
+        With stream=True, `handle.calls[call_id]` follows each call.
+
+        `from_offsets`: the output this caller already has of some of the calls (by call id),
+        as `call(from_offset=...)` takes it. A turn's call specs carry no offset on the wire
+        (PROTOCOL.md 10.2 names `call` only), so the agent sends each call's output from 0 and
+        its handle drops the bytes before its offset: nothing is shown twice."""
         specs: list[protocol.CallSpec] = []
         for spec in calls:
             if isinstance(spec, protocol.CallSpec):
@@ -290,7 +310,7 @@ class ClientAPI:
         message = protocol.Turn(
             rid=self._state.next_rid(), chat_id=chat_id, turn_id=turn_id, calls=specs, stream=stream
         )
-        request, turn = self._state.turn(message)
+        request, turn = self._state.turn(message, from_offsets or {})
         await self._roundtrip(request)
         if request.turn is turn:  # a new turn, not a repeat of one we follow
             for handle in turn.calls.values():

@@ -5,13 +5,17 @@ from __future__ import annotations
 from toolwire.transport import protocol
 
 __all__ = [
+    "BadArgs",
     "BadWelcome",
+    "CallConflict",
     "ConnectError",
     "ConnectionLost",
     "Detached",
     "MessageTooBig",
     "RequestError",
     "ToolwireClientError",
+    "UnknownTool",
+    "request_error",
     "retryable_status",
 ]
 
@@ -45,6 +49,33 @@ class RequestError(ToolwireClientError):
         self.code = code
         self.message = message
         self.error = error
+
+
+class BadArgs(RequestError):
+    """`bad_args`: the args do not fit the tool (wrong type, missing or unknown argument). The
+    call did not run; a framework hands the message back to the model to try again."""
+
+
+class UnknownTool(RequestError):
+    """`unknown_tool`: the agent has no tool of that name. The call did not run."""
+
+
+class CallConflict(RequestError):
+    """`conflict`: the call id was first used with another tool, other args or another
+    sandbox. Nothing ran and the first call's record is untouched."""
+
+
+_TYPED: dict[str, type[RequestError]] = {
+    "bad_args": BadArgs,
+    "unknown_tool": UnknownTool,
+    "conflict": CallConflict,
+}
+
+
+def request_error(code: str, message: str, error: protocol.Error | None = None) -> RequestError:
+    """The RequestError of an `error` reply, of the subclass its code has (BadArgs,
+    UnknownTool, CallConflict), so a caller can catch what a model can fix by itself."""
+    return _TYPED.get(code, RequestError)(code, message, error)
 
 
 class ConnectionLost(ToolwireClientError):

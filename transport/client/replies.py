@@ -12,7 +12,7 @@ import logging
 from typing import Any, Final, Protocol
 
 from toolwire.transport import protocol
-from toolwire.transport.client.errors import RequestError
+from toolwire.transport.client.errors import request_error
 from toolwire.transport.client.handles import CallHandle, Mailbox, TurnHandle
 from toolwire.transport.client.requests import Key, RequestState
 
@@ -163,7 +163,7 @@ def _on_error(state: ReplyTables, message: protocol.Error, request: RequestState
         del state.errors[:-MAX_KEPT_ERRORS]
         return
     del state.pending[request.rid]
-    error = RequestError(message.code, message.message, message)
+    error = request_error(message.code, message.message, message)
     for handle in request.created:
         key = (handle.chat_id, handle.call_id)
         if not handle.was_accepted:

@@ -32,6 +32,7 @@ from trio_websocket import (
 from toolwire.transport import protocol
 from toolwire.transport.client.api import ClientAPI
 from toolwire.transport.client.errors import BadWelcome, ConnectError, ConnectionLost
+from toolwire.transport.client.trio_runtime import TrioRuntime
 from toolwire.transport.codec import Encoding, MessageError
 
 __all__ = ["CLOSE_TIMEOUT_S", "CONNECT_TIMEOUT_S", "PING_INTERVAL_S", "Client", "connect"]
@@ -98,6 +99,7 @@ class Client(ClientAPI):
             backoff_initial_s=backoff_initial_s,
             backoff_max_s=backoff_max_s,
             ssl_context=ssl_context,
+            runtime=TrioRuntime(),
         )
         auth = self._authorization
         self._headers = [(b"authorization", auth.encode())] if auth is not None else []

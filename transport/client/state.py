@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -94,7 +95,9 @@ class ClientState:
         return RequestState(message.rid, kind, message, self.make_flag(), **fields)
 
     def call(self, message: protocol.Call) -> RequestState:
-        handle, created = self._handle_for(message.chat_id, message.call_id, message.stream, 0)
+        handle, created = self._handle_for(
+            message.chat_id, message.call_id, message.stream, message.from_offset
+        )
         return self._request("call", message, handle=handle, created=[handle] if created else [])
 
     def attach(self, chat_id: str, call_id: str, from_offset: int, stream: bool) -> RequestState:
@@ -124,10 +127,13 @@ class ClientState:
         message = protocol.DescribeTools(rid=self.next_rid())
         return self._request("describe_tools", message)
 
-    def turn(self, message: protocol.Turn) -> tuple[RequestState, TurnHandle]:
+    def turn(
+        self, message: protocol.Turn, from_offsets: Mapping[str, int] | None = None
+    ) -> tuple[RequestState, TurnHandle]:
         """A repeat of a turn this client follows attaches it (plan again, the same calls'
         events): our handles follow them already, and an error (a `conflict` for other calls)
-        fails only this request, not the turn we have."""
+        fails only this request, not the turn we have. `from_offsets`: where each new call
+        handle starts (bytes before it are dropped: a resumed caller had them)."""
         existing = self.turns.get((message.chat_id, message.turn_id))
         if existing is not None and not existing.done:
             return self._request("turn", message), existing
@@ -135,7 +141,8 @@ class ClientState:
         created: list[CallHandle] = []
         if message.stream:
             for spec in message.calls:
-                handle, new = self._handle_for(message.chat_id, spec.call_id, True, 0)
+                offset = (from_offsets or {}).get(spec.call_id, 0)
+                handle, new = self._handle_for(message.chat_id, spec.call_id, True, offset)
                 turn.calls[spec.call_id] = handle
                 if new:
                     created.append(handle)

@@ -1,0 +1,47 @@
+"""The one model-facing rendering of a Result, shared by every integration (pure: no I/O).
+
+What a model reads back for a tool call must be the truth and nothing else: the outcome (a
+`denied` or `canceled` call never reads like a success), the exit code and signal, the agent's
+summary, and the output with the agent's own omitted-bytes line where it cut the middle. The
+TypeScript client renders the same text from the same rules; both test suites read the cases of
+tests/vectors/rendering.json, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+from toolwire.transport.protocol import Result
+
+__all__ = ["render_result"]
+
+
+def render_result(result: Result) -> str:
+    """The text a model is given for `result`, lines joined by "\\n", nothing else added:
+
+    1. `outcome: <outcome>`, then only those that apply, in this order: `, exit code N`
+       (data holds an integer `exit_code`), `, signal S` (data holds a non-null `signal`),
+       `, timed out` (timed_out, unless the outcome says so), `, canceled` (likewise);
+    2. the agent's `text`, when non-empty and not the same as `output`;
+    3. `output`, when non-empty, as the agent cut it (never re-cut);
+    4. `(<truncated_bytes> of <output_bytes> output bytes omitted)` when bytes were omitted.
+    """
+    head = f"outcome: {result.outcome}"
+    data = result.data if isinstance(result.data, dict) else {}
+    exit_code = data.get("exit_code")
+    # A bool is an int in Python but not an exit code (nor a number in TypeScript).
+    if isinstance(exit_code, int) and not isinstance(exit_code, bool):
+        head += f", exit code {exit_code}"
+    signal = data.get("signal")
+    if signal is not None:
+        head += f", signal {signal}"
+    if result.timed_out and result.outcome != "timed_out":
+        head += ", timed out"
+    if result.canceled and result.outcome != "canceled":
+        head += ", canceled"
+    lines = [head]
+    if result.text and result.text != result.output:
+        lines.append(result.text)
+    if result.output:
+        lines.append(result.output)
+    if result.truncated_bytes > 0:
+        lines.append(f"({result.truncated_bytes} of {result.output_bytes} output bytes omitted)")
+    return "\n".join(lines)
