@@ -59,6 +59,12 @@ export interface CallOptions {
   stream?: boolean;
   /** PROTOCOL.md 10.4; part of what the call id stands for (another sandbox is a `conflict`). */
   sandbox?: P.Sandbox;
+  /**
+   * PROTOCOL.md 10.2: the output starts at this byte offset (a chat server that restarted and
+   * kept how much it had shown). Sent when given; an agent without `call_from_offset` sends
+   * from 0, and the handle drops the earlier bytes itself.
+   */
+  fromOffset?: number;
 }
 
 export interface ApproveOptions {
@@ -171,7 +177,7 @@ export class Client {
     args: Record<string, unknown>,
     options: CallOptions = {},
   ): Promise<CallHandle> {
-    const message: P.Call = {
+    const message: P.Call & { from_offset?: number } = {
       type: "call",
       rid: this.state.nextRid(),
       chat_id: chatId,
@@ -184,6 +190,7 @@ export class Client {
       stream: options.stream ?? true,
       sandbox: options.sandbox ?? null,
     };
+    if (options.fromOffset !== undefined) message.from_offset = options.fromOffset;
     const request = this.state.call(message);
     await this.roundtrip(request);
     return request.handle!;

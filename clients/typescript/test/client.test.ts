@@ -297,6 +297,18 @@ test("attach from an offset gets the rest of the output and the same result", as
   });
 });
 
+test("a call from an offset streams the output from there, with or without the agent's call_from_offset", async () => {
+  await withClient(async (client) => {
+    const chat = newChat();
+    const handle = await client.call(chat, "from", "execute", { command: "printf 'abcdef'; sleep 0.2; printf 'gh'" }, { fromOffset: 3 });
+    const { events, output } = await drain(handle);
+    assert.equal(output, "defgh");
+    const first = events.find((event) => event.type === "output");
+    assert.equal(first?.type === "output" ? first.offset : -1, 3);
+    assert.equal((await handle.result()).output, "abcdefgh", "the result is unchanged by it");
+  });
+});
+
 test("closeChat ends the chat's calls and refuses new ones", async () => {
   await withClient(async (client) => {
     const chat = newChat();
