@@ -92,6 +92,8 @@ export class Client {
   private readonly connectTimeoutMs: number;
   private readonly pingIntervalMs: number | null;
   private ws: WebSocket | null = null;
+  /** The socket of the connection attempt under way (welcomed or not). */
+  private attempt: WebSocket | null = null;
   private opened = false;
   private wakeSleep: (() => void) | null = null;
   private stopped: Promise<void> = Promise.resolve();
@@ -320,6 +322,7 @@ export class Client {
    */
   async close(): Promise<void> {
     if (!this.state.beginClose()) return this.stopped;
+    if (this.attempt !== null && this.attempt !== this.ws) this.attempt.terminate(); // not welcomed yet
     const ws = this.ws;
     if (ws !== null) {
       const closed = new Promise<void>((resolve) => ws.once("close", () => resolve()));
@@ -403,6 +406,7 @@ export class Client {
         maxPayload: MAX_INCOMING_MESSAGE_BYTES,
         perMessageDeflate: false,
       });
+      this.attempt = ws;
       const welcomeTimer = setTimeout(() => {
         failure = new ConnectError(null, "", "no welcome in time");
         ws.terminate();
@@ -425,6 +429,10 @@ export class Client {
         const frame = isBinary ? null : data.toString();
         if (!welcomed) {
           const message = frame === null ? null : decodeFrame(frame);
+          if (this.state.closing) {
+            ws.terminate(); // closed while this attempt was under way
+            return;
+          }
           if (message === null || message.type !== "welcome") {
             failure = new ConnectError(null, "", `expected welcome, got ${message?.type ?? "an undecodable message"}`);
             ws.terminate();
@@ -448,6 +456,7 @@ export class Client {
         finished = true;
         clearTimeout(welcomeTimer);
         if (pinger !== null) clearInterval(pinger);
+        if (this.attempt === ws) this.attempt = null;
         if (this.ws === ws) {
           this.ws = null;
           this.state.onDisconnected();

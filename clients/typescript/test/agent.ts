@@ -7,7 +7,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, mkdirSync, closeSync } from "node:fs";
+import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, mkdirSync, closeSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
@@ -37,6 +37,9 @@ export async function startAgent(...extra: string[]): Promise<Agent> {
   const stderrPath = join(dir, "serve.stderr");
   const stderrFd = openSync(stderrPath, "w");
   const python = process.env["TOOLWIRE_PYTHON"] ?? join(REPO_ROOT, ".venv", "bin", "python");
+  if (!existsSync(python)) {
+    throw new Error(`no Python at ${python}: set TOOLWIRE_PYTHON to a virtualenv with toolwire installed (README, "Test it")`);
+  }
   const env: NodeJS.ProcessEnv = { ...process.env, PYTHONPATH: REPO_ROOT };
   delete env["TOOLWIRE_TOKEN"];
   const child: ChildProcess = spawn(

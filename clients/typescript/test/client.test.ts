@@ -157,6 +157,17 @@ test("without reconnect a lost connection fails what is unfinished with Connecti
   }
 });
 
+test("close while reconnecting stops at once and fails what is unfinished", async () => {
+  const relay = await Relay.start(agent.url);
+  const client = await connect(relay.url(), { token: agent.token, backoffInitialMs: 10, backoffMaxMs: 20 });
+  const handle = await client.call(newChat(), "orphan", "execute", { command: "sleep 1" });
+  await relay.stop(); // the link goes, and every reconnect is refused
+  await client.close();
+  await assert.rejects(handle.result(), ConnectionLost);
+  assert.equal(client.connected, false);
+  assert.equal(relay.accepted, 1);
+});
+
 test("a wrong token is a ConnectError with the HTTP status, never retried", async () => {
   await assert.rejects(connect(agent.url, { token: "wrong" }), (error: unknown) => {
     assert.ok(error instanceof ConnectError);
