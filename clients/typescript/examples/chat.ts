@@ -13,7 +13,7 @@ export async function reply(
   const result = streamText({ model, tools, messages, abortSignal, stopWhen: stepCountIs(10) });
   for await (const part of result.fullStream) {
     if (part.type === "tool-result" && part.preliminary) {
-      // part.output is { status: "running", output }: the command's output so far, for the UI
+      // part.output is { status: "running", output, outputBytes }: the newest output, for the UI
     }
   }
   return await result.text;

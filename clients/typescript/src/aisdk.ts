@@ -13,9 +13,9 @@
  *   anything runs (`toolCallIds`' rule): such calls would get each other's results. Make one
  *   tool set per chat request, as the repeat check spans the set's lifetime.
  * - `abortSignal` (the SDK's, from `streamText({abortSignal})`) cancels the call on the agent.
- * - Output streams as preliminary tool results (`{status: "running", output}`, the output so
- *   far; `{status: "awaiting_approval"}` while an approval gate is parked), and the final
- *   output is `{status: "done", result, text}`, where `text` is `renderResult(result)`: what the
+ * - Output streams as preliminary tool results (`{status: "running", output, outputBytes}`, the
+ *   newest output so far; `{status: "awaiting_approval"}` while an approval gate is parked), and
+ *   the final output is `{status: "done", result, text}`, where `text` is `renderResult(result)`: what the
  *   model is given (`toModelOutput`), the same text as the Python integration gives it.
  * - A refused request (`bad_args`, `conflict`, ...) throws its RequestError: the SDK hands the
  *   model a tool error with the agent's message.
@@ -26,11 +26,28 @@ import { toolCallId } from "./ids.js";
 import type * as P from "./protocol.js";
 import { renderResult } from "./rendering.js";
 
-/** What a toolwire tool's execute yields: preliminary results, then the final one. */
+/**
+ * What a toolwire tool's execute yields: preliminary results (`output`: the newest
+ * PRELIMINARY_OUTPUT_CHARS of the output so far, like a terminal's view of it; `outputBytes`:
+ * how many bytes the command has printed), then the final one.
+ */
 export type ToolwireToolOutput =
-  | { status: "running"; output: string }
-  | { status: "awaiting_approval"; output: string }
+  | { status: "running"; output: string; outputBytes: number }
+  | { status: "awaiting_approval"; output: string; outputBytes: number }
   | { status: "done"; result: P.Result; text: string };
+
+/**
+ * Each preliminary result replaces the one before it in the UI stream; sending all the output
+ * every time would make a long build's stream grow with the square of its output.
+ */
+export const PRELIMINARY_OUTPUT_CHARS = 16 * 1024;
+
+function tail(text: string): string {
+  if (text.length <= PRELIMINARY_OUTPUT_CHARS) return text;
+  const cut = text.slice(-PRELIMINARY_OUTPUT_CHARS);
+  const first = cut.charCodeAt(0);
+  return first >= 0xdc00 && first <= 0xdfff ? cut.slice(1) : cut; // never half a surrogate pair
+}
 
 export interface ToolwireToolsOptions {
   /** The chat the calls belong to (PROTOCOL.md 2). */
@@ -106,9 +123,9 @@ function toolFor(
         if (signal?.aborted) cancel();
         for await (const event of handle) {
           if (event.type === "output") {
-            yield { status: "running", output: handle.outputText() };
+            yield { status: "running", output: tail(handle.outputText()), outputBytes: handle.offset };
           } else if (event.type === "approval") {
-            yield { status: "awaiting_approval", output: handle.outputText() };
+            yield { status: "awaiting_approval", output: tail(handle.outputText()), outputBytes: handle.offset };
           }
         }
         const result = await handle.result();

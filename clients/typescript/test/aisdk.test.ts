@@ -6,7 +6,8 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { stepCountIs, streamText, type TextStreamPart, type ToolSet } from "ai";
 import { MockLanguageModelV4, convertArrayToReadableStream } from "ai/test";
-import { connect, renderResult, toolCallId, toolwireTools, type Client, type Result } from "../src/index.js";
+import { connect, renderResult, toolCallId, toolwireTools, type Client, type Result, type ToolwireToolOutput } from "../src/index.js";
+import { PRELIMINARY_OUTPUT_CHARS } from "../src/aisdk.js";
 import { startAgent, type Agent } from "./agent.js";
 
 let agent: Agent;
@@ -120,6 +121,26 @@ test("the SDK's abortSignal cancels the call on the agent", async () => {
   const result = await handle.result();
   assert.equal(result.outcome, "canceled");
   assert.equal(result.output, "up\n");
+});
+
+test("preliminary results carry the newest output, bounded; the final one all of it", async () => {
+  const chat = "ai-chat-5";
+  const tools = await toolwireTools(client, { chatId: chat, messageId: "m" });
+  const command = "i=0; while [ $i -lt 50 ]; do head -c 999 /dev/zero | tr '\\0' x; echo; i=$((i+1)); done";
+  const model = new MockLanguageModelV4({ doStream: [response([["call_big", "execute", { command }]])] });
+  const stream = streamText({ model, tools, prompt: "big" });
+  const preliminary: ToolwireToolOutput[] = [];
+  const finals: ToolwireToolOutput[] = [];
+  for await (const part of stream.fullStream) {
+    if (part.type === "tool-result") (part.preliminary ? preliminary : finals).push(part.output as ToolwireToolOutput);
+  }
+  const whole = ("x".repeat(999) + "\n").repeat(50);
+  assert.equal(finals.length, 1);
+  assert.ok(finals[0]!.status === "done" && finals[0]!.result.output === whole);
+  const running = preliminary.filter((output) => output.status === "running");
+  assert.ok(running.length > 0);
+  for (const output of running) assert.ok(output.output.length <= PRELIMINARY_OUTPUT_CHARS);
+  assert.deepEqual(running.at(-1), { status: "running", output: whole.slice(-PRELIMINARY_OUTPUT_CHARS), outputBytes: 50_000 });
 });
 
 test("a refused call reaches the model as a tool error with the agent's code", async () => {
