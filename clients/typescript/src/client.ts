@@ -179,7 +179,7 @@ export class Client {
     args: Record<string, unknown>,
     options: CallOptions = {},
   ): Promise<CallHandle> {
-    const message: P.Call & { from_offset?: number } = {
+    const message: P.Call = {
       type: "call",
       rid: this.state.nextRid(),
       chat_id: chatId,

@@ -41,6 +41,7 @@ export interface Call {
    * printable characters only (Python's str.isprintable())
    */
   chat_id: string;
+  from_offset?: number;
   rid?: string | number | null;
   sandbox?: Sandbox | null;
   stream?: boolean;

@@ -103,7 +103,7 @@ export class ClientState {
     return new RequestState(message.rid as number, kind, message);
   }
 
-  call(message: P.Call & { from_offset?: number }): RequestState {
+  call(message: P.Call): RequestState {
     const offset = message.from_offset ?? 0;
     const [handle, created] = this.handleFor(message.chat_id, message.call_id, message.stream ?? true, offset);
     const request = this.request("call", message);
