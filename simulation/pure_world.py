@@ -194,6 +194,9 @@ class World:
         self.refusals = 0  # how many of the next journal writes fail
         self.close_refusals = 0  # how many of the next close rows the journal refuses
         self.close_refused = False  # a close row was refused: its chat_closed is not durable
+        # A close row of this generation was durable: dropped since only because every record
+        # was forgotten while the close still stopped a group, which 9.6 allows.
+        self.close_was_durable = False
         # Calls a failed read-back answered `unknown` for, by life: that answer is not their
         # saved result (which stays on disk, untouched), so it does not count as one.
         self.unreadable: set[tuple[str, int]] = set()
@@ -636,7 +639,10 @@ class World:
             require(owed.closed <= owed.closes, "b.closed_unasked", "a chat_closed unasked")
             # A close a client was told of survives a restart (until the records are gone).
             require(
-                self.closed_row or self.close_refused or not self.config.journal_enabled,
+                self.closed_row
+                or self.close_was_durable
+                or self.close_refused
+                or not self.config.journal_enabled,
                 "x.close_not_durable",
                 "chat_closed before the close was durable",
             )
@@ -735,7 +741,7 @@ class World:
             elif isinstance(effect, JournalForgetApprovals):
                 self.approvals.clear()
             elif isinstance(effect, JournalClose):
-                self.closed_row = True
+                self.closed_row = self.close_was_durable = True
                 self.inbox.append(effect.then)
             elif isinstance(effect, JournalReopen):
                 self.closed_row = False
@@ -745,6 +751,7 @@ class World:
         """The agent dies: what was not committed is lost, and so are the connections."""
         self.pending_writes.clear()
         self.inbox.clear()
+        self.close_was_durable = False
         self.generation += 1
         for key in self.unsaved:
             self.results_seen.pop(key, None)

@@ -620,3 +620,19 @@ def test_planning_a_turn_makes_no_filesystem_call() -> None:
     # The plan is the one the resolved paths give: the write of f conflicts with its read.
     plans = [e for e in effects if isinstance(e, Send) and isinstance(e.event, TurnPlanEvent)]
     assert plans[0].event.segments == [["k1"], ["k2"], ["k3"]]
+
+
+def test_a_close_whose_records_are_forgotten_while_it_stops_a_group_still_answers() -> None:
+    """9.6: a close that waits for a group it stops gets its `chat_closed` once the group is
+    gone, also when the chat's records were all forgotten meanwhile and its close row dropped
+    with them (found by the machine: the World took that answer for one before its durable
+    close)."""
+    machine = ChatStateMachine()
+    machine.start(keeps=False)
+    machine.turn(approval=False, calls=[("k1", "bg")], conn=0, stream=False, turn_id="t1")
+    machine.commit(n=1)
+    machine.commit(n=1)
+    machine.close_chat(conn=0)
+    machine.commit(n=1)
+    machine.time_passes(seconds=40.0)
+    machine.teardown()
