@@ -9,6 +9,8 @@ tests/vectors/rendering.json, so the two never drift apart.
 
 from __future__ import annotations
 
+import json
+
 from toolwire.transport.protocol import Result
 
 __all__ = ["render_result"]
@@ -22,7 +24,11 @@ def render_result(result: Result) -> str:
        `, timed out` (timed_out, unless the outcome says so), `, canceled` (likewise);
     2. the agent's `text`, when non-empty and not the same as `output`;
     3. `output`, when non-empty, as the agent cut it (never re-cut);
-    4. `(<truncated_bytes> of <output_bytes> output bytes omitted)` when bytes were omitted.
+    4. `(<truncated_bytes> of <output_bytes> output bytes omitted)` when bytes were omitted;
+    5. for a tool other than `execute` (whose data is on the first line), what its `data`
+       holds, since that is where a file tool's answer is: a string `content` (read_file) as
+       is, then the rest of `data`, when any is left, as one line of compact JSON (what
+       JavaScript's `JSON.stringify` writes, so both clients give the same text).
     """
     head = f"outcome: {result.outcome}"
     data = result.data if isinstance(result.data, dict) else {}
@@ -44,4 +50,14 @@ def render_result(result: Result) -> str:
         lines.append(result.output)
     if result.truncated_bytes > 0:
         lines.append(f"({result.truncated_bytes} of {result.output_bytes} output bytes omitted)")
+    if result.tool != "execute" and data:
+        rest = dict(data)
+        if isinstance(rest.get("content"), str):
+            content = rest.pop("content")
+            if content:
+                lines.append(content)
+        elif "content" in rest:
+            rest["content"] = rest.pop("content")  # not text: it goes with the rest, last
+        if rest:
+            lines.append(json.dumps(rest, ensure_ascii=False, separators=(",", ":")))
     return "\n".join(lines)
