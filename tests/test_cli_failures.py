@@ -14,7 +14,8 @@ import trio
 from tests.test_serve import ROOT, serve
 
 
-async def _toolwire(*argv: str) -> subprocess.CompletedProcess[bytes]:
+async def run_toolwire(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    """`toolwire ARGV...` as a user runs it from the checkout (no TOOLWIRE_TOKEN of ours)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TOOLWIRE_TOKEN", None)
     return await trio.run_process(
@@ -30,11 +31,11 @@ async def _toolwire(*argv: str) -> subprocess.CompletedProcess[bytes]:
 async def test_a_refused_request_and_an_unreachable_agent_each_say_why(tmp_path: Path) -> None:
     async with serve(tmp_path) as server:
         state = ["--url", server.url, "--state-dir", str(tmp_path / "state")]
-        unknown = await _toolwire("call", *state, "--chat", "c", "no_such_tool", "{}")
-        wrong_token = await _toolwire(
+        unknown = await run_toolwire("call", *state, "--chat", "c", "no_such_tool", "{}")
+        wrong_token = await run_toolwire(
             "call", "--url", server.url, "--token", "wrong", "execute", '{"command": "true"}'
         )
-        tools_refused = await _toolwire("tools", "--url", server.url, "--token", "wrong")
+        tools_refused = await run_toolwire("tools", "--url", server.url, "--token", "wrong")
     for done in (unknown, wrong_token, tools_refused):
         assert done.returncode == 2, done
         assert done.stdout == b""

@@ -5,9 +5,7 @@ tools` prints it for a model API."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +14,8 @@ import trio
 
 from tests.clientshells import SHELLS, Shell
 from tests.conftest import LiveServer
-from tests.test_serve import ROOT, serve
+from tests.test_cli_failures import run_toolwire
+from tests.test_serve import serve
 from toolwire.actors.tools.registry import TOOLS, input_schema
 from toolwire.transport import protocol, reference
 
@@ -89,16 +88,7 @@ async def test_both_clients_return_typed_definitions(shell: Shell, live: LiveSer
 
 
 async def _toolwire_tools(*argv: str) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TOOLWIRE_TOKEN", None)
-    return await trio.run_process(
-        [sys.executable, "-m", "toolwire.cli.main", "tools", *argv],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-        env=env,
-        cwd=str(ROOT),
-    )
+    return await run_toolwire("tools", *argv)
 
 
 async def test_toolwire_tools_prints_the_shapes_model_apis_take(tmp_path: Path) -> None:
