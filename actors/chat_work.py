@@ -65,7 +65,7 @@ def run_on_loop(
     call" benchmark). Nothing of it outlives the call, so it needs no `ChatWork`: the shell
     runs it without making one (a chat that only reads would make and drop one per call)."""
     try:
-        report = runners.run_tool(TOOLS[effect.tool], effect.args, ctx.workspace, table)
+        report = runners.run_tool(TOOLS[effect.tool], effect.args, ctx.workspace, table, ctx.hidden)
     except Exception:
         log.exception(
             "tool %s failed", effect.tool, extra={"chat_id": chat_id, "call_id": effect.call_id}
@@ -156,7 +156,7 @@ class ChatWork:
         call_id = effect.call_id
         try:
             report = await runners.run_stoppable_in_thread(
-                work, effect.args, self.ctx.workspace, stop
+                work, effect.args, self.ctx.workspace, stop, self.ctx.hidden
             )
         except file_tools.SearchStopped:
             self._feed(ToolStopped(call_id))
@@ -208,7 +208,7 @@ class ChatWork:
                     )
                 else:
                     report = await runners.run_tool_in_thread(
-                        tool, effect.args, self.ctx.workspace, self.processes
+                        tool, effect.args, self.ctx.workspace, self.processes, self.ctx.hidden
                     )
         except Exception:
             log.exception(
@@ -247,6 +247,7 @@ class ChatWork:
                 self.ctx.effective_sandbox(effect.sandbox),
                 self.ctx.workspace,
                 terminal=execute_tool.terminal_for(args) is not None,
+                hidden=self.ctx.hidden,
             )
         except ToolwireError as exc:
             self._feed(SpawnFailed(call_id, exc.message))

@@ -16,6 +16,7 @@ from toolwire.actors import processes
 from toolwire.actors.budget import AgentBudget
 from toolwire.actors.chat_state import MAX_IDS_PER_REQUEST, ChatConfig
 from toolwire.actors.command_env import command_environment
+from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.journal import Journal, MemoryJournal
 from toolwire.actors.metrics import CallCounters
 from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
@@ -133,6 +134,9 @@ class AgentContext:
     # the kernel can enforce (PROTOCOL.md 10.4; a lower Landlock ABI shows an older kernel).
     sandbox_floor: SandboxPolicy = FULL
     sandbox: Enforcement = field(default_factory=Enforcement.probe)
+    # The agent's own files (its state dir, its token file), which no tool reads or writes and
+    # no command under a filesystem sandbox reaches (actors/hidden_paths.py).
+    hidden: HiddenPaths = field(default_factory=HiddenPaths)
     # What every chat holds together, against the agent-wide limits (actors/budget.py).
     budget: AgentBudget = field(init=False)
 

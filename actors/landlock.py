@@ -137,14 +137,14 @@ class Ruleset:
     """What one sandbox domain handles and allows: the input of `restrict_current_thread`.
 
     `handled_fs`/`handled_net` are the rights the domain controls (anything not handled stays
-    allowed); `writable` maps each path to the handled filesystem rights allowed beneath it;
+    allowed); `rules` maps each path to the handled filesystem rights allowed beneath it;
     nothing of `handled_net` is allowed anywhere (no port rules); `scoped` are ABI 6 scopes."""
 
     abi: int
     handled_fs: int
     handled_net: int
     scoped: int
-    writable: tuple[tuple[str, int], ...]
+    rules: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +181,20 @@ class Landlock:
         return rights
 
     def ruleset(
-        self, *, writable: Iterable[str] | None, network: bool, terminal: bool = False
+        self,
+        *,
+        writable: Iterable[str] | None,
+        network: bool,
+        terminal: bool = False,
+        visible: Iterable[str] | None = None,
     ) -> Ruleset:
         """The ruleset of a policy: `writable` None leaves the filesystem alone (`full`),
         else writes are allowed only beneath those paths (empty: `read_only`) and to
         `DEVICE_WRITABLE` (and `TERMINALS` for a command on a `terminal`); `network` False
-        refuses every TCP bind and connect. Raises `Unsupported` naming what this ABI lacks."""
+        refuses every TCP bind and connect. With `visible` (only with `writable`), files may
+        be read only beneath those paths and beneath `writable` (actors/hidden_paths.py: what
+        the agent keeps to itself is in neither). Raises `Unsupported` naming what this ABI
+        lacks."""
         missing = []
         if writable is not None and not self.filesystem:
             missing.append(f"filesystem rules need Landlock ABI {FILESYSTEM_ABI}")
@@ -198,6 +206,9 @@ class Landlock:
         rules: list[tuple[str, int]] = []
         if writable is not None:
             handled_fs = self.write_rights()
+            if visible is not None:
+                handled_fs |= LANDLOCK_ACCESS_FS_READ_FILE
+                rules.extend((path, LANDLOCK_ACCESS_FS_READ_FILE) for path in visible)
             devices = (*DEVICE_WRITABLE, TERMINALS) if terminal else DEVICE_WRITABLE
             rules.extend((path, LANDLOCK_ACCESS_FS_WRITE_FILE) for path in devices)
             rules.extend((path, handled_fs) for path in writable)
@@ -235,7 +246,7 @@ def _attr_size(abi: int) -> int:
 
 def restrict_current_thread(ruleset: Ruleset) -> None:
     """Confine the calling thread, for good, and every process it starts from now on. Paths of
-    `ruleset.writable` that do not exist grant nothing (and are skipped). Raises OSError."""
+    `ruleset.rules` that do not exist grant nothing (and are skipped). Raises OSError."""
     if not (ruleset.handled_fs or ruleset.handled_net or ruleset.scoped):
         return  # nothing to restrict: `full` with the network on
     attr = _RulesetAttr(ruleset.handled_fs, ruleset.handled_net, ruleset.scoped)
@@ -248,7 +259,7 @@ def restrict_current_thread(ruleset: Ruleset) -> None:
     if fd < 0:
         _raise_errno("landlock_create_ruleset")
     try:
-        for path, allowed in ruleset.writable:
+        for path, allowed in ruleset.rules:
             try:
                 parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -257,7 +268,9 @@ def restrict_current_thread(ruleset: Ruleset) -> None:
                 if not stat.S_ISDIR(os.fstat(parent).st_mode):
                     # A rule on a file may hold only the rights that apply to files.
                     allowed &= (
-                        LANDLOCK_ACCESS_FS_WRITE_FILE
+                        LANDLOCK_ACCESS_FS_EXECUTE
+                        | LANDLOCK_ACCESS_FS_WRITE_FILE
+                        | LANDLOCK_ACCESS_FS_READ_FILE
                         | LANDLOCK_ACCESS_FS_TRUNCATE
                         | LANDLOCK_ACCESS_FS_IOCTL_DEV
                     )

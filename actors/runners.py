@@ -6,6 +6,7 @@ back to `ChatState` as an input.
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from typing import Any, TypeVar, assert_never
@@ -15,6 +16,7 @@ import trio
 
 from toolwire.actors import processes
 from toolwire.actors.effects import ProcessSnapshot
+from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.results import ToolReport
 from toolwire.actors.tools import process_tools
 from toolwire.actors.tools.process_args import ProcessResizeArgs, ProcessSignalArgs
@@ -29,14 +31,18 @@ from toolwire.actors.tools.registry import (
 
 
 def run_tool(
-    tool: ToolDef, args: msgspec.Struct, workspace: str, table: processes.ProcessTable
+    tool: ToolDef,
+    args: msgspec.Struct,
+    workspace: str,
+    table: processes.ProcessTable,
+    hidden: HiddenPaths,
 ) -> ToolReport:
     """A file or process tool's work itself, as its registry entry says: on the loop for the
     short ones, on a worker thread (the caller's choice) for file work. The waits a cancel can
     end (`process_output`, `process_input`, a stoppable search) have runners of their own."""
     match tool.run:
         case OnLoop(run=run) | OnThread(run=run):
-            return run(workspace, args)
+            return run(workspace, args, hidden=hidden)
         case ProcessOp.SIGNAL:
             return process_tools.process_signal(table, _as(args, ProcessSignalArgs))
         case ProcessOp.LIST:
@@ -63,18 +69,28 @@ def _as(args: msgspec.Struct, args_type: type[_S]) -> _S:
 
 
 async def run_tool_in_thread(
-    tool: ToolDef, args: msgspec.Struct, workspace: str, table: processes.ProcessTable
+    tool: ToolDef,
+    args: msgspec.Struct,
+    workspace: str,
+    table: processes.ProcessTable,
+    hidden: HiddenPaths,
 ) -> ToolReport:
-    return await trio.to_thread.run_sync(run_tool, tool, args, workspace, table)
+    return await trio.to_thread.run_sync(run_tool, tool, args, workspace, table, hidden)
 
 
 async def run_stoppable_in_thread(
-    work: StoppableOnThread[Any], args: msgspec.Struct, workspace: str, stop: threading.Event
+    work: StoppableOnThread[Any],
+    args: msgspec.Struct,
+    workspace: str,
+    stop: threading.Event,
+    hidden: HiddenPaths,
 ) -> ToolReport:
     """Stoppable file work (search_files) on a worker thread; once `stop` is set it ends
     within a block of work, raising SearchStopped. RE2 releases the GIL while it matches, so
     the loop runs meanwhile."""
-    return await trio.to_thread.run_sync(work.run, workspace, args, stop.is_set)
+    return await trio.to_thread.run_sync(
+        functools.partial(work.run, workspace, args, stop.is_set, hidden=hidden)
+    )
 
 
 async def wait_for_process(

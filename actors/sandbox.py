@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from toolwire.actors import landlock, seccomp
+from toolwire.actors.hidden_paths import NOTHING_HIDDEN, CoverCache, HiddenPaths
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -35,6 +36,9 @@ class Enforcement:
     landlock: landlock.Landlock
     seccomp: bool = field(default_factory=seccomp.supported)
     temp_dir: str = field(default_factory=tempfile.gettempdir)
+    # The rules that leave out the agent's own files, made again only when a directory on the
+    # way to them changes (actors/hidden_paths.py).
+    _covers: CoverCache = field(default_factory=CoverCache, init=False, compare=False, repr=False)
 
     @classmethod
     def probe(cls) -> Enforcement:
@@ -90,19 +94,32 @@ class Enforcement:
             )
 
     def confinement(
-        self, policy: SandboxPolicy, workspace: str, *, terminal: bool = False
+        self,
+        policy: SandboxPolicy,
+        workspace: str,
+        *,
+        terminal: bool = False,
+        hidden: HiddenPaths = NOTHING_HIDDEN,
     ) -> Confinement | None:
         """The confinement of a command under `policy` (None: unconfined, `full` with the
-        network on); `terminal`: the command runs on a terminal of its own. Raises
-        `sandbox_unsupported` as `check` does."""
+        network on); `terminal`: the command runs on a terminal of its own. Under a policy
+        that restricts the filesystem, the `hidden` paths can be neither read nor written:
+        reads are allowed beneath everything else, and a write root that holds a hidden path
+        becomes its other entries. Raises `sandbox_unsupported` as `check` does."""
         if policy.unrestricted:
             return None
         self.check(policy)
         roots = policy.write_roots(workspace, self.temp_dir)
         writable = None if roots is None else _resolved_unique(roots)
+        visible = None
+        if writable is not None and hidden:
+            writable = tuple(
+                path for root in writable for path in self._covers.cover(root, hidden.paths)
+            )
+            visible = self._covers.cover("/", hidden.paths)
         try:
             ruleset = self.landlock.ruleset(
-                writable=writable, network=policy.network, terminal=terminal
+                writable=writable, network=policy.network, terminal=terminal, visible=visible
             )
         except landlock.Unsupported as exc:  # unreachable after `check`; never run unconfined
             raise ToolwireError("sandbox_unsupported", str(exc)) from None

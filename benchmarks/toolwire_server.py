@@ -20,6 +20,7 @@ from pathlib import Path
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.hidden_paths import NOTHING_HIDDEN, HiddenPaths
 from toolwire.actors.journal import CommitBatch, Journal, SqliteJournal, open_journal
 from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.transport.server import Server, ServerConfig
@@ -56,7 +57,9 @@ async def main(
         chosen = skipped_commits_journal(Path(state_dir) / "journal.sqlite3", sync)
     else:
         chosen = open_journal(journal, Path(state_dir) if state_dir else None, sync)
-    ctx = AgentContext(workspace=workspace, journal=chosen)
+    # As `toolwire serve` does: its state dir is kept from every tool (one readlink per read).
+    hidden = HiddenPaths.of([state_dir]) if state_dir else NOTHING_HIDDEN
+    ctx = AgentContext(workspace=workspace, journal=chosen, hidden=hidden)
     if not metrics:
         ctx.metrics = None
     async with trio.open_nursery() as nursery:

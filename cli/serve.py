@@ -16,6 +16,7 @@ import trio
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.command_env import command_environment
 from toolwire.actors.context import Limits
+from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.journal import JournalError, open_journal
 from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.actors.results import ToolwireError
@@ -117,6 +118,13 @@ async def serve(options: ServeOptions) -> None:
     log.info(enforcement.describe(), extra={"sandbox": enforcement.limits()})
     if not options.sandbox_floor.unrestricted:
         log.info("sandbox floor", extra={"sandbox_floor": options.sandbox_floor.to_wire()})
+    if options.sandbox_floor.filesystem == "full" and token is not None:
+        # The one way left to the token (docs/sandbox.md, "The agent's own files").
+        log.info(
+            "a command without a filesystem sandbox runs with this user's full rights and can "
+            "read the state dir, token included; --sandbox workspace_write (or a call's own "
+            "sandbox) keeps commands out of it"
+        )
     ctx = AgentContext(
         workspace=str(workspace),
         approve_tools=options.approve,
@@ -126,6 +134,10 @@ async def serve(options: ServeOptions) -> None:
         limits=options.limits,
         sandbox_floor=options.sandbox_floor,
         sandbox=enforcement,
+        # No tool reads or writes these, nor a command under a filesystem sandbox.
+        hidden=HiddenPaths.of(
+            [state_dir] + ([options.token_file] if options.token_file is not None else [])
+        ),
     )
     agent = Agent(ctx)
     server = Server(

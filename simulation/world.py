@@ -32,6 +32,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_st
 from toolwire.actors import events
 from toolwire.actors.agent import Agent, AgentContext
 from toolwire.actors.chat_state import ChatState
+from toolwire.actors.hidden_paths import NOTHING_HIDDEN, HiddenPaths
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files as file_tools
@@ -189,20 +190,24 @@ _REAL_TO_THREAD = trio.to_thread.run_sync
 THREAD_HOP_S = (0.0, 0.02)
 
 
-def _sim_write_file(workspace: str, args: file_tools.WriteFileArgs) -> ToolReport:
+def _sim_write_file(
+    workspace: str, args: file_tools.WriteFileArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     world = _ACTIVE
     if world is None:
-        return _REAL_WRITE(workspace, args)
+        return _REAL_WRITE(workspace, args, hidden=hidden)
     token = args.content.split("\n", 1)[0]
-    return world.file_effect("write", token, lambda: _REAL_WRITE(workspace, args))
+    return world.file_effect("write", token, lambda: _REAL_WRITE(workspace, args, hidden=hidden))
 
 
-def _sim_edit_files(workspace: str, args: file_tools.EditFilesArgs) -> ToolReport:
+def _sim_edit_files(
+    workspace: str, args: file_tools.EditFilesArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     world = _ACTIVE
     if world is None:
-        return _REAL_EDIT(workspace, args)
+        return _REAL_EDIT(workspace, args, hidden=hidden)
     token = args.files[0].edits[0].new.split("\n", 1)[0] if args.files else ""
-    return world.file_effect("edit", token, lambda: _REAL_EDIT(workspace, args))
+    return world.file_effect("edit", token, lambda: _REAL_EDIT(workspace, args, hidden=hidden))
 
 
 async def _sim_to_thread(

@@ -62,12 +62,18 @@ def test_what_each_abi_can_promise(abi: int) -> None:
         assert not handled & (
             landlock.LANDLOCK_ACCESS_FS_READ_FILE | landlock.LANDLOCK_ACCESS_FS_EXECUTE
         )
-        assert ("/w", handled) in rules.writable
-        assert ("/dev/null", landlock.LANDLOCK_ACCESS_FS_WRITE_FILE) in rules.writable
+        assert ("/w", handled) in rules.rules
+        assert ("/dev/null", landlock.LANDLOCK_ACCESS_FS_WRITE_FILE) in rules.rules
         assert bool(rules.scoped & landlock.LANDLOCK_SCOPE_SIGNAL) == (abi >= 6)
+        # with `visible` (the agent's own files left out), reading is handled: allowed only
+        # beneath those paths and beneath the write roots
+        hiding = level.ruleset(writable=["/w"], network=True, visible=["/etc", "/usr"])
+        assert hiding.handled_fs == handled | landlock.LANDLOCK_ACCESS_FS_READ_FILE
+        assert ("/etc", landlock.LANDLOCK_ACCESS_FS_READ_FILE) in hiding.rules
+        assert ("/w", hiding.handled_fs) in hiding.rules
     if abi >= 4:
         net = level.ruleset(writable=None, network=False)
-        assert net.handled_fs == 0 and net.writable == ()
+        assert net.handled_fs == 0 and net.rules == ()
         assert net.handled_net == (
             landlock.LANDLOCK_ACCESS_NET_BIND_TCP | landlock.LANDLOCK_ACCESS_NET_CONNECT_TCP
         )

@@ -53,6 +53,7 @@ from typing import Annotated, Any
 import msgspec
 
 from toolwire.actors.canonical_paths import canonical_path
+from toolwire.actors.hidden_paths import NOTHING_HIDDEN, TEXT_HIDDEN, HiddenPaths
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 from toolwire.actors.tools import big_text, patterns
 from toolwire.actors.tools.mounts import PseudoFilesystems
@@ -572,17 +573,28 @@ def _check_precondition(target: str, shown: str, expected: str, tool: str) -> No
 RESOLVE_ATTEMPTS = 3
 
 
-def _canonical_target(path: str, workspace: str, shown: str, verb: str) -> str:
+def hidden_failure(shown: str) -> ToolFailure:
+    return ToolFailure(TEXT_HIDDEN.format(path=shown), {"path": shown})
+
+
+def _canonical_target(
+    path: str, workspace: str, shown: str, verb: str, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> str:
     """`canonical_path`, resolved again if a symlink on the path changed meanwhile; a path
-    that keeps changing fails (before anything is written) with a text that says so."""
+    that keeps changing fails (before anything is written) with a text that says so, and so
+    does one inside the agent's own files (`hidden`)."""
     for _ in range(RESOLVE_ATTEMPTS):
         try:
-            return canonical_path(path, workspace)
+            target = canonical_path(path, workspace)
         except (FileNotFoundError, NotADirectoryError):
             continue  # readlink found no link where lstat had just seen one
         except OSError as e:
             if e.errno != errno.EINVAL:  # EINVAL: readlink of what is no longer a link
                 raise os_failure(e, shown, "resolve") from None
+        else:
+            if hidden.covers(target):
+                raise hidden_failure(shown)
+            return target
     raise ToolFailure(
         f"cannot {verb} {shown}: a symlink on its path kept changing while it was resolved;"
         " nothing was written"
@@ -627,7 +639,9 @@ def _writable_again(target: str, shown: str, verb: str) -> os.stat_result | None
 # --- read_file ----------------------------------------------------------------------------------
 
 
-def read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
+def read_file(
+    workspace: str, args: ReadFileArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     """Return lines ``offset`` .. ``offset + limit - 1`` (1-based) of a UTF-8 text file.
 
     ``data = {"content", "lines", "total_lines"}``; ``output`` is the content too. Content keeps
@@ -640,15 +654,18 @@ def read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
     """
     check_read_file(args)
     try:
-        return _read_file(workspace, args)
+        return _read_file(workspace, args, hidden)
     except ToolFailure as f:
         return _failed(f)
 
 
-def _read_file(workspace: str, args: ReadFileArgs) -> ToolReport:
+def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolReport:
     shown = args.path
     full = _resolve(workspace, shown)
     fd = _open_regular(full, shown, "read_file")
+    if hidden.covers_fd(fd):
+        os.close(fd)
+        raise hidden_failure(shown)
     start = args.offset if args.offset is not None else 1
     want = READ_MAX_LINES if args.limit is None else min(args.limit, READ_MAX_LINES)
     capped_by_lines = args.limit is None or args.limit > READ_MAX_LINES
@@ -815,7 +832,9 @@ def _remove_dirs(created: list[str]) -> None:
 # --- write_file ---------------------------------------------------------------------------------
 
 
-def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
+def write_file(
+    workspace: str, args: WriteFileArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     """Write ``content`` (as UTF-8) to ``path``, atomically;
     ``data = {"bytes": n, "sha256": <hex SHA-256 of the bytes written>}``.
 
@@ -833,13 +852,13 @@ def write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
     """
     check_write_file(args)
     try:
-        return _write_file(workspace, args)
+        return _write_file(workspace, args, hidden)
     except ToolFailure as f:
         return _failed(f)
 
 
-def _write_file(workspace: str, args: WriteFileArgs) -> ToolReport:
-    target = _canonical_target(args.path, workspace, args.path, "write")
+def _write_file(workspace: str, args: WriteFileArgs, hidden: HiddenPaths) -> ToolReport:
+    target = _canonical_target(args.path, workspace, args.path, "write", hidden)
     with PATH_LOCKS.hold([target]):
         if args.expected_sha256 is not None:
             _check_precondition(target, args.path, args.expected_sha256, "write_file")
@@ -901,7 +920,9 @@ class _EditTarget:
     content: list[big_text.Piece] = field(default_factory=list)
 
 
-def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
+def edit_files(
+    workspace: str, args: EditFilesArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     """Apply exact-text replacements to one or more UTF-8 files, all or nothing.
 
     ``data = {"files": [{"path": <as given>, "replacements": n}, ...]}``, one entry per entry
@@ -927,7 +948,7 @@ def edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
     """
     check_edit_files(args)
     try:
-        return _edit_files(workspace, args)
+        return _edit_files(workspace, args, hidden)
     except ToolFailure as f:
         return _failed(f)
 
@@ -957,8 +978,10 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
     return _EditTarget(target, shown, original, st, [original])
 
 
-def _edit_files(workspace: str, args: EditFilesArgs) -> ToolReport:
-    paths = [_canonical_target(entry.path, workspace, entry.path, "edit") for entry in args.files]
+def _edit_files(workspace: str, args: EditFilesArgs, hidden: HiddenPaths) -> ToolReport:
+    paths = [
+        _canonical_target(entry.path, workspace, entry.path, "edit", hidden) for entry in args.files
+    ]
     with PATH_LOCKS.hold(paths):
         for entry, target in zip(args.files, paths, strict=True):
             if entry.expected_sha256 is not None:
@@ -1091,6 +1114,7 @@ def search_files(
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float = SEARCH_MAX_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    hidden: HiddenPaths = NOTHING_HIDDEN,
 ) -> ToolReport:
     """Search text files line by line for the regex ``pattern`` (RE2 syntax, see
     actors/tools/patterns.py: matched in time linear in the text, whatever the pattern).
@@ -1118,10 +1142,13 @@ def search_files(
     one more match exists. After ``max_seconds`` (by ``clock``) the search stops too, with the
     matches found so far, ``truncated`` true and a text saying so. ``should_stop`` is asked
     between blocks of lines (SEARCH_BLOCK_BYTES) and between files; once it says yes the
-    search raises SearchStopped.
+    search raises SearchStopped. The agent's own files (`hidden`) are never read: naming one
+    fails, a walk passes them by (and says how many).
     """
     check_search_files(args)
-    state = _SearchState(should_stop=should_stop, clock=clock, deadline=clock() + max_seconds)
+    state = _SearchState(
+        should_stop=should_stop, clock=clock, deadline=clock() + max_seconds, hidden=hidden
+    )
     try:
         return _search_files(workspace, args, max_matches, max_seconds, state)
     except ToolFailure as f:
@@ -1129,10 +1156,14 @@ def search_files(
 
 
 def search_files_until(
-    workspace: str, args: SearchFilesArgs, should_stop: Callable[[], bool]
+    workspace: str,
+    args: SearchFilesArgs,
+    should_stop: Callable[[], bool],
+    *,
+    hidden: HiddenPaths = NOTHING_HIDDEN,
 ) -> ToolReport:
     """search_files that a cancel stops: SearchStopped once `should_stop` says yes."""
-    return search_files(workspace, args, should_stop=should_stop)
+    return search_files(workspace, args, should_stop=should_stop, hidden=hidden)
 
 
 @dataclass
@@ -1148,6 +1179,14 @@ class _SearchState:
     pseudo: dict[str, int] = field(default_factory=dict)
     truncated: bool = False
     out_of_time: bool = False
+    hidden: HiddenPaths = NOTHING_HIDDEN
+    hidden_skipped: int = 0  # the agent's own files and directories, passed by
+
+    def skip_hidden(self, st: os.stat_result) -> bool:
+        if not self.hidden.hides(st):
+            return False
+        self.hidden_skipped += 1
+        return True
 
     def over(self) -> bool:
         """Asked between blocks and files: raise SearchStopped if told to stop; True once
@@ -1192,6 +1231,8 @@ def _search_files(
         st = os.stat(root)
     except OSError as e:
         raise os_failure(e, shown_root, "search") from None
+    if state.hidden and state.hidden.covers(os.path.realpath(root)):
+        raise hidden_failure(shown_root)
     pseudo = PseudoFilesystems.read()
     fstype = pseudo.fstype(st.st_dev)
     if fstype is not None:
@@ -1207,6 +1248,8 @@ def _search_files(
             raise os_failure(e, shown_root, "search") from None
         if skipped is _Skipped.BINARY:
             raise _binary_failure(shown_root, "search_files", "it contains NUL bytes")
+        if skipped is _Skipped.HIDDEN:
+            raise hidden_failure(shown_root)
         if skipped is _Skipped.PSEUDO:  # it was swapped for one after the stat
             raise _pseudo_failure(shown_root, next(iter(state.pseudo)))
         if skipped is _Skipped.NOT_REGULAR:
@@ -1240,6 +1283,9 @@ def _search_files(
         kinds = ", ".join(sorted(state.pseudo))
         things = _plural(count, "file or directory", "files or directories")
         text += f"; skipped {things} on pseudo-filesystems ({kinds})"
+    if state.hidden_skipped:
+        things = _plural(state.hidden_skipped, "file or directory", "files or directories")
+        text += f"; skipped {things} of the agent's own state"
     return _completed(text, {"matches": state.matches, "truncated": state.truncated})
 
 
@@ -1282,9 +1328,12 @@ def _walk_files(
             yield entry.path, rel
         elif entry.name not in VCS_DIRS and not state.over():
             try:
-                fstype = pseudo.fstype(entry.stat(follow_symlinks=False).st_dev)
+                entry_st = entry.stat(follow_symlinks=False)
             except OSError:
                 state.unreadable += 1
+                continue
+            fstype = pseudo.fstype(entry_st.st_dev)
+            if state.skip_hidden(entry_st):
                 continue
             if fstype is not None:
                 state.skip_pseudo(fstype)
@@ -1324,6 +1373,7 @@ def _search_tree(
 class _Skipped(enum.Enum):
     BINARY = "binary"
     PSEUDO = "pseudo"
+    HIDDEN = "hidden"
     NOT_REGULAR = "not regular"
 
 
@@ -1345,6 +1395,9 @@ def _search_file(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return _Skipped.NOT_REGULAR
+        if state.hidden and (state.hidden.hides(st) or state.hidden.covers_fd(fd)):
+            state.hidden_skipped += 1
+            return _Skipped.HIDDEN
         fstype = pseudo.fstype(st.st_dev)
         if fstype is not None:
             state.skip_pseudo(fstype)

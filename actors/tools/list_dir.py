@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
+from toolwire.actors.hidden_paths import NOTHING_HIDDEN, TEXT_HIDDEN, HiddenPaths
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 from toolwire.actors.tools import patterns
 from toolwire.actors.tools.files import VCS_DIRS, PathShower, check_glob, check_path, os_failure
@@ -102,10 +103,12 @@ class _Walk:
     glob: patterns.GlobMatcher | None
     pseudo: PseudoFilesystems
     kept: list[_Kept]
+    hidden: HiddenPaths
     visited: int = 0
     matched: int = 0
     unreadable: int = 0
     pseudo_skipped: int = 0
+    hidden_skipped: int = 0
 
     def keep(self, path: str, rel: str, st: os.stat_result) -> None:
         if self.glob is not None and not self.glob.matches(rel):
@@ -135,18 +138,21 @@ def _entry(shown: str, st: os.stat_result) -> dict[str, Any]:
     return {"path": shown, "type": kind, "size": st.st_size, "mtime_ms": st.st_mtime_ns // 10**6}
 
 
-def list_dir(workspace: str, args: ListDirArgs) -> ToolReport:
+def list_dir(
+    workspace: str, args: ListDirArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
     """The entries of `args.path` (default the workspace) to `args.depth` levels:
     ``data = {"entries": [{path, type, size, mtime_ms}], "truncated", "visited_all"}``.
-    A missing path, a file or a pseudo-filesystem is `failed`."""
+    A missing path, a file or a pseudo-filesystem is `failed`, and so is the agent's own state
+    (`hidden`), which a walk lists but does not enter."""
     check_args(args)
     try:
-        return _list_dir(workspace, args)
+        return _list_dir(workspace, args, hidden)
     except ToolFailure as f:
         return ToolReport(outcome=Outcome.FAILED, text=f.text, data=f.data)
 
 
-def _list_dir(workspace: str, args: ListDirArgs) -> ToolReport:
+def _list_dir(workspace: str, args: ListDirArgs, hidden: HiddenPaths) -> ToolReport:
     try:
         glob = patterns.GlobMatcher(args.glob) if args.glob is not None else None
     except patterns.PatternError as e:
@@ -160,6 +166,8 @@ def _list_dir(workspace: str, args: ListDirArgs) -> ToolReport:
         raise os_failure(e, shown_root, "list") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ToolFailure(f"{shown_root} is not a directory: read_file reads a file")
+    if hidden and hidden.covers(os.path.realpath(root)):
+        raise ToolFailure(TEXT_HIDDEN.format(path=shown_root), {"path": shown_root})
     pseudo = PseudoFilesystems.read()
     fstype = pseudo.fstype(st.st_dev)
     if fstype is not None:
@@ -167,7 +175,7 @@ def _list_dir(workspace: str, args: ListDirArgs) -> ToolReport:
             f"{shown_root} is on a {fstype} pseudo-filesystem (kernel interfaces, not files);"
             " list_dir lists only real file systems"
         )
-    walk = _Walk(PathShower(workspace), glob, pseudo, [])
+    walk = _Walk(PathShower(workspace), glob, pseudo, [], hidden)
     complete = _walk(root, args.depth, walk)
     entries = [item.entry for item in sorted(walk.kept, key=lambda item: item.path)]
     truncated = walk.matched > len(entries) or not complete
@@ -183,6 +191,8 @@ def _list_dir(workspace: str, args: ListDirArgs) -> ToolReport:
         text += f"; could not read {walk.unreadable} directories"
     if walk.pseudo_skipped:
         text += f"; did not enter {walk.pseudo_skipped} directories on pseudo-filesystems"
+    if walk.hidden_skipped:
+        text += f"; did not enter {walk.hidden_skipped} directories of the agent's own state"
     data = {"entries": entries, "truncated": truncated, "visited_all": complete}
     return ToolReport(outcome=Outcome.COMPLETED, text=text, data=data)
 
@@ -230,6 +240,8 @@ def _walk(root: str, depth: int, walk: _Walk) -> bool:
             if level < depth and stat.S_ISDIR(st.st_mode) and entry.name not in VCS_DIRS:
                 if walk.pseudo.fstype(st.st_dev) is not None:
                     walk.pseudo_skipped += 1
+                elif walk.hidden.hides(st):
+                    walk.hidden_skipped += 1
                 else:
                     enter(entry.path, rel + "/", level + 1)
         return True

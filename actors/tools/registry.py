@@ -20,11 +20,12 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import msgspec
 
 from toolwire.actors import planner
+from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.planner import Reserves
 from toolwire.actors.results import ToolReport, ToolwireError
 from toolwire.actors.tools import execute, files, list_dir
@@ -39,6 +40,27 @@ from toolwire.actors.tools.process_args import (
 )
 
 A = TypeVar("A", bound=msgspec.Struct)
+A_contra = TypeVar("A_contra", bound=msgspec.Struct, contravariant=True)
+
+
+class FileWork(Protocol[A_contra]):
+    """A file tool's work: (workspace, args), and the agent's own files it must not touch."""
+
+    def __call__(self, workspace: str, args: A_contra, /, *, hidden: HiddenPaths) -> ToolReport: ...
+
+
+class StoppableFileWork(Protocol[A_contra]):
+    """File work that asks `should_stop` between blocks of work."""
+
+    def __call__(
+        self,
+        workspace: str,
+        args: A_contra,
+        should_stop: Callable[[], bool],
+        /,
+        *,
+        hidden: HiddenPaths,
+    ) -> ToolReport: ...
 
 
 class ToolKind(enum.Enum):
@@ -55,14 +77,14 @@ class ToolKind(enum.Enum):
 class OnLoop(Generic[A]):
     """A short read of files, run right on the event loop within the request that starts it."""
 
-    run: Callable[[str, A], ToolReport]  # (workspace, args)
+    run: FileWork[A]
 
 
 @dataclass(frozen=True, slots=True)
 class OnThread(Generic[A]):
     """File work that may take long, on a worker thread; a cancel waits for its real end."""
 
-    run: Callable[[str, A], ToolReport]
+    run: FileWork[A]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +93,7 @@ class StoppableOnThread(Generic[A]):
     blocks of work and raises `files.SearchStopped` once it says yes (the call ends
     `canceled`); one that ended first keeps its real result."""
 
-    run: Callable[[str, A, Callable[[], bool]], ToolReport]  # (workspace, args, should_stop)
+    run: StoppableFileWork[A]
 
 
 class ProcessOp(enum.Enum):
