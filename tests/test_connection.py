@@ -12,7 +12,11 @@ from wsproto.events import BytesMessage, TextMessage
 
 from tests.wsclient import FrameConn
 from toolwire.transport.big_messages import BIG_MESSAGE_BYTES, PreparedMessage
-from toolwire.transport.connection import DirectConnection, open_server_connection
+from toolwire.transport.connection import (
+    FAIR_SHARE_MESSAGES,
+    DirectConnection,
+    open_server_connection,
+)
 
 
 class Sink:
@@ -136,4 +140,46 @@ async def test_messages_wait_for_the_sink_and_a_failing_sink_closes_with_1011(
     assert any(r.exc_info and "planted failure" in str(r.exc_info[1]) for r in caplog.records), (
         caplog.records
     )
+    await client.aclose()
+
+
+async def test_a_reader_lets_other_tasks_run_between_its_share_of_messages(
+    nursery: trio.Nursery,
+) -> None:
+    """Hundreds of requests in one socket read are not all applied in one go: after each
+    FAIR_SHARE_MESSAGES the reader yields, so another connection's task (here a ticker) runs
+    in between (issue 27's flood of chats)."""
+    port, connections, sink = await _serve_one(nursery, max_message_bytes=1 << 20)
+    client = await FrameConn.open(port, None)
+    await connections.receive()
+    ticks = 0
+    seen: list[int] = []
+    original = sink.on_message
+    count = 10 * FAIR_SHARE_MESSAGES
+    all_in = trio.Event()
+
+    def on_message(message: str | bytes, prepared: PreparedMessage | None = None) -> None:
+        seen.append(ticks)
+        original(message, prepared)
+        if len(seen) == count:
+            all_in.set()
+
+    sink.on_message = on_message  # type: ignore[method-assign]
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(ticker)
+    await client.stream.send_all(client.frames(*[f"m{i}" for i in range(count)]))
+    with trio.fail_after(10):
+        await all_in.wait()
+    assert sink.messages == [f"m{i}" for i in range(count)]  # in order, none lost
+    # The ticker ran within every two shares (the scheduler may run the reader first in the
+    # batch after a yield, then the ticker): no run of messages applied with no tick between
+    # is longer. Without the yields one socket read's 160 messages are one run.
+    longest = max(seen.count(tick) for tick in set(seen))
+    assert longest <= 2 * FAIR_SHARE_MESSAGES, seen
     await client.aclose()

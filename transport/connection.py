@@ -49,6 +49,14 @@ log = logging.getLogger("toolwire.server")
 
 CLOSE_INTERNAL_ERROR = 1011
 
+# A reader hands at most this many messages to its sink between two turns of the scheduler.
+# One socket read can hold hundreds of small requests, each of which makes work for a chat
+# task: applied in one go, a flood of 5,000 one-call chats put every chat of every other
+# connection behind hundreds of those tasks at each of its steps (issue 27: another chat's
+# trivial call waited 2.1 s). Yielding after a few keeps each connection to its share, at one
+# checkpoint (microseconds) per this many messages.
+FAIR_SHARE_MESSAGES = 16
+
 
 class MessageSink(Protocol):
     """Where a connection's messages go (the server's `Session`)."""
@@ -99,6 +107,7 @@ class DirectConnection(ws_private.MessageHookConnection):
         self._parts: list[str | bytes] = []
         self._parts_bytes = 0
         self._message_bytes = message_bytes
+        self._applied_since_yield = 0
 
     @property
     def refusing(self) -> bool:
@@ -189,6 +198,10 @@ class DirectConnection(ws_private.MessageHookConnection):
                 gate.release(self)
         if backlogged:
             await sink.wait_for_room()
+        self._applied_since_yield += 1
+        if self._applied_since_yield >= FAIR_SHARE_MESSAGES:
+            self._applied_since_yield = 0
+            await trio.lowlevel.checkpoint()
 
     async def _wait_for_sink(self) -> MessageSink | None:
         if not self._sink_attached.is_set():
