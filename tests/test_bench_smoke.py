@@ -18,6 +18,7 @@ from toolwire.benchmarks.core import (
     Measurement,
     RefUnavailable,
     percentile,
+    running_for,
 )
 from toolwire.benchmarks.runner import SCENARIOS
 from toolwire.benchmarks.scenarios.scale import max_overlap
@@ -212,3 +213,20 @@ def test_a_codex_path_that_is_no_executable_is_named(tmp_path: Path) -> None:
     assert codex_peer.find_codex(str(missing))[0] is None  # not executable
     missing.chmod(0o755)
     assert codex_peer.find_codex(str(missing)) == (str(missing), "")
+
+
+def test_what_a_ref_run_records_goes_to_its_twin_side_numbers_included() -> None:
+    """The abuse scenario once wrote its per-repeat worst straight into the working tree's
+    measurement, so the tree's "worst" column mixed in REF's (907 ms shown for 243 ms)."""
+    m = Measurement("x", "x", "ms")
+    with running_for(Build("ref", "REF", "python")):
+        m.add(5.0, worst_ms=50.0)
+        m.add_extra("unanswered", 1.0)
+    m.add(1.0, worst_ms=10.0)
+    m.add_extra("unanswered", 0.0)
+    assert m.values == [1.0] and m.extra == {"worst_ms": [10.0], "unanswered": [0.0]}
+    assert m.ref_twin is not None and m.ref_twin.values == [5.0]
+    assert m.ref_twin.extra == {"worst_ms": [50.0], "unanswered": [1.0]}
+    scenarios = Path(__file__).parent.parent / "benchmarks" / "scenarios"
+    for module in scenarios.glob("*.py"):  # a scenario records through add/add_extra only
+        assert ".extra.setdefault" not in module.read_text(), module.name

@@ -287,9 +287,10 @@ def run(ctx: BenchContext) -> ScenarioResult:
 
     def record(m: Measurement, got: Probe, rss_m: Measurement) -> None:
         add_latencies(m, got.samples)
-        m.extra.setdefault("worst_ms", []).append(max(got.samples))
-        m.extra.setdefault("unanswered", []).append(float(got.unanswered))
-        m.extra.setdefault("calls_for_s", []).append(got.seconds)
+        # add_extra, not m.extra: while a variant runs for REF, its numbers go to REF's twin
+        m.add_extra("worst_ms", max(got.samples))
+        m.add_extra("unanswered", float(got.unanswered))
+        m.add_extra("calls_for_s", got.seconds)
         rss_m.add(got.peak_rss / MIB)
 
     def measure(attack: Attack | None, r: int) -> None:
