@@ -159,6 +159,7 @@ async def test_one_response_is_one_turn_in_request_order(live: LiveServer) -> No
             call("w", "write_file", path="race.txt", content="newer\n"),
             call("r1", "read_file", path="race.txt"),
             *[call(f"e{i}", "execute", command=f"echo x >> marker; echo {i}") for i in range(3)],
+            call("fails", "read_file", path="missing.txt"),
         ]
     )
 
@@ -184,6 +185,9 @@ async def test_one_response_is_one_turn_in_request_order(live: LiveServer) -> No
         assert content["r1"].data["content"] == "newer\n"  # after the write
         for i in range(3):  # same-name calls in parallel, each with its own result
             assert got[f"e{i}"].content.endswith(f"code 0\n{i}\n"), got[f"e{i}"]
+        # A failing tool is a failed return (pydantic-ai's error channel), in toolwire's text.
+        assert got["fails"].outcome == "failed"
+        assert got["fails"].content.startswith("outcome: failed\n"), got["fails"]
         assert runs(live) == 3
         # The model was offered the agent's own definitions, schemas and descriptions as served.
         assert [(t.name, t.description, t.parameters_json_schema) for t in script.tools] == [
