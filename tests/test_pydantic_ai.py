@@ -338,6 +338,36 @@ async def test_an_interrupt_gives_every_call_one_truthful_return(live: LiveServe
     await on_asyncio(body)
 
 
+async def test_a_stop_from_elsewhere_stops_the_run_with_the_truth(live: LiveServer) -> None:
+    """Another replica interrupts the chat (the user pressed stop in another tab) while a
+    command runs: its call ends `canceled`, which stops this run too (not a `success` return
+    the model goes on from), and the repaired history says what happened."""
+    script = Script([call("held", "execute", **HELD), call("next", "execute", command="echo x")])
+
+    async def body() -> None:
+        async with connect(live.url, live.token) as client, connect(live.url, live.token) as other:
+            toolset = ToolwireToolset(client, CHAT)
+            stopping: list[asyncio.Task[list[str]]] = []
+
+            def on_output(event: ToolwireOutput) -> None:
+                if "9" in event.text and not stopping:
+                    stopping.append(asyncio.create_task(other.interrupt(CHAT)))
+
+            agent = Agent(script.model(), toolsets=[toolset])
+            with pytest.raises(RunCancelled) as cancelled:
+                await agent.run("go", event_stream_handler=outputs([], on_output))
+            await stopping[0]
+            messages = await toolset.repair(cancelled.value.all_messages())
+        got = returns(messages)
+        assert (got["held"].outcome, got["next"].outcome) == ("interrupted", "interrupted")
+        assert got["held"].content.startswith("outcome: canceled")
+        assert got["next"].content.startswith("outcome: not_run")
+        assert len(script.seen) == 1  # the model was not asked to go on from a stopped call
+        assert runs(live) == 1
+
+    await on_asyncio(body)
+
+
 async def test_a_killed_chat_server_resumes_from_its_saved_history(live: LiveServer) -> None:
     """The trap: after a chat-server crash the resumed run sent its `call` again and showed the
     output again from offset 0. The second chat server here has only what the first saved:

@@ -228,9 +228,10 @@ class ToolwireToolset(AbstractToolset[Any]):
         self, call: ModelToolCall, response: ModelResponse, ctx: RunContext[Any]
     ) -> _ResponseBatch:
         """The response's calls that pydantic-ai will hand to this toolset now, as one turn:
-        its tools, not gated, args an object, not answered already (a resumed run), ids not
-        repeated. A response that also calls an output tool keeps each call on its own (an
-        `end_strategy` may skip the function calls, which must then not run)."""
+        its tools, not gated, args an object, not answered already (a resumed run); pydantic-ai
+        refuses a response that repeats an id itself. A response that also calls an output
+        tool keeps each call on its own (an `end_strategy` may skip the function calls, which
+        must then not run)."""
         calls: list[ModelToolCall] = []
         parts = [p for p in response.parts if isinstance(p, ToolCallPart)]
         manager = ctx.tool_manager
@@ -241,13 +242,10 @@ class ToolwireToolset(AbstractToolset[Any]):
         ):
             parts = []
         answered = _answered(ctx.messages, response)
-        ids = [p.tool_call_id for p in parts]
         names = {tool.name for tool in self._definitions or ()}
         for part in parts:
             if part.tool_name not in names or part.tool_call_id in answered:
                 continue
-            if ids.count(part.tool_call_id) > 1:
-                continue  # one id for two calls: each would get the other's result
             try:
                 args = (
                     _ARGS.validate_python(part.args or {})
