@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("actors", "transport", "cli", "simulation", "benchmarks")
+FOLDERS = ("actors", "transport", "cli", "simulation", "benchmarks", "integrations")
 
 
 @pytest.fixture(scope="module")

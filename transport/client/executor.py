@@ -187,7 +187,7 @@ class ToolExecutor:
                 call.tool,
                 args,
                 timeout_ms=self.timeout_ms,
-                approval=self._gated(call),
+                approval=self.needs_approval(call),
                 sandbox=self.sandbox,
                 from_offset=from_offset,
             )
@@ -258,7 +258,9 @@ class ToolExecutor:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _gated(self, call: ModelToolCall) -> bool:
+    def needs_approval(self, call: ModelToolCall) -> bool:
+        """Whether `call` waits at an approval gate (the `approval` given to the executor): an
+        integration that answers gates its own way (deferred tool requests) asks this."""
         approval = self.approval
         if isinstance(approval, bool):
             return approval
@@ -306,7 +308,7 @@ class ToolExecutor:
                         tool=call.tool,
                         args=args,
                         timeout_ms=self.timeout_ms,
-                        approval=self._gated(call),
+                        approval=self.needs_approval(call),
                         sandbox=None if sandbox is None else _sandbox(sandbox),
                     ),
                 )
