@@ -14,11 +14,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 
-from toolwire.actors import observe, processes, runners, stdin
+from toolwire.actors import kept, observe, processes, runners, stdin
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
+    Adopt,
+    Adopted,
     AlreadyExited,
     CancelTimer,
     Deadline,
@@ -79,6 +82,7 @@ class ChatWork:
     """Tools, commands and timers of one chat (see the module docstring)."""
 
     __slots__ = (
+        "_adoptable",
         "_feed",
         "_followers",
         "_searches",
@@ -109,11 +113,15 @@ class ChatWork:
         self._stoppable: dict[str, trio.CancelScope] = {}
         # The running searches, by call: a cancel sets the flag, the worker thread sees it.
         self._searches: dict[str, threading.Event] = {}
+        # Processes found again at a restart, until their call asks to adopt them.
+        self._adoptable: dict[str, kept.Readopted] = {}
 
     @property
     def idle(self) -> bool:
         """No timer set and no tool a cancel could stop: nothing here outlives the moment."""
-        return not self._timers and not self._stoppable and not self._searches
+        return (
+            not self._timers and not self._stoppable and not self._searches and not self._adoptable
+        )
 
     def run_tool(self, effect: RunTool) -> None:
         policy = self.ctx.effective_sandbox(effect.sandbox)
@@ -252,20 +260,66 @@ class ChatWork:
             self._feed(SpawnFailed(call_id, exc.message))
             return
         try:
-            proc = self.processes.spawn(
-                call_id,
-                args.command,
-                execute_tool.argv_for(args),
-                execute_tool.cwd_for(args, self.ctx.workspace),
-                execute_tool.env_for(args, self.ctx.base_env),
-                effect.started_at_ms,
-                stdin=execute_tool.stdin_for(args),
-                terminal=execute_tool.terminal_for(args),
-                confinement=confinement,
-            )
+            keeper = self.ctx.keeper
+            if keeper is not None:
+                # Held by the keeper, so that it outlives this agent (PROTOCOL.md 10.1).
+                handle = keeper.spawn(
+                    execute_tool.argv_for(args),
+                    execute_tool.cwd_for(args, self.ctx.workspace),
+                    execute_tool.env_for(args, self.ctx.base_env),
+                    stdin=execute_tool.stdin_for(args),
+                    terminal=execute_tool.terminal_for(args),
+                    confinement=confinement,
+                    keep=kept.KeepInfo(
+                        self.chat_id, call_id, msgspec.to_builtins(args), effect.started_at_ms
+                    ),
+                )
+                proc = self.processes.add(call_id, args.command, handle, effect.started_at_ms)
+            else:
+                proc = self.processes.spawn(
+                    call_id,
+                    args.command,
+                    execute_tool.argv_for(args),
+                    execute_tool.cwd_for(args, self.ctx.workspace),
+                    execute_tool.env_for(args, self.ctx.base_env),
+                    effect.started_at_ms,
+                    stdin=execute_tool.stdin_for(args),
+                    terminal=execute_tool.terminal_for(args),
+                    confinement=confinement,
+                )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
             return
+        self._start(proc)
+        assert proc.handle.pid is not None
+        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
+
+    def hold_for_adoption(self, readopted: kept.Readopted) -> None:
+        """A restored call's process, found again at start: adopted when `Adopt` asks."""
+        self._adoptable[readopted.meta.call_id] = readopted
+
+    def adopt_process(self, effect: Adopt) -> None:
+        readopted = self._adoptable.pop(effect.call_id, None)
+        if readopted is None:
+            self._feed(ToolFailed(effect.call_id))
+            return
+        meta = readopted.meta
+        handle: processes.SpawnedProcess
+        if readopted.handle is not None:
+            handle = readopted.handle
+        else:
+            assert readopted.status is not None  # a process gone unrecorded is not adopted
+            handle = kept.RecordedProcess(meta.pid, readopted.status, readopted.path)
+        command = meta.args.get("command", "") if isinstance(meta.args, dict) else ""
+        proc = self.processes.add(
+            effect.call_id, command, handle, meta.started_at_ms, output=readopted.output
+        )
+        self._start(proc)
+        self._feed(Adopted(effect.call_id, meta.pid, runners.snapshot(proc)))
+
+    def _start(self, proc: processes.ProcessRecord) -> None:
+        """The pump and the reaper of a process just listed."""
+        call_id = proc.process_id
         self._followers.spawned(call_id, proc)
         counter = observe.OutputCounter(self.ctx)
 
@@ -275,8 +329,6 @@ class ChatWork:
 
         self._spawn(self._pump, proc, on_output)
         self._spawn(self._reap, proc, on_output)
-        assert proc.handle.pid is not None
-        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
 
     async def _pump(
         self,

@@ -268,11 +268,34 @@ class ResultsReadFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptCall:
+    """What the keeper recorded of a record's command while no agent ran (PROTOCOL.md 10.1):
+    the `execute` args it was started with, and whether its process is still there to re-adopt
+    (`held`: running, or exited with its status recorded). One not held is gone unrecorded,
+    and `snapshot` is the output recorded up to then."""
+
+    args: object
+    held: bool
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
 class Restored:
-    """One record rebuilt from the journal after a restart."""
+    """One record rebuilt from the journal after a restart; `kept` when the keeper recorded
+    its command."""
 
     row: JournalRow
     touched_at: float
+    kept: KeptCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """The shell re-adopted a restored call's process (after `Adopt`)."""
+
+    call_id: str
+    pid: int
+    snapshot: ProcessSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +361,7 @@ Input = (
     | ResultsReadFailed
     | Restored
     | Recovered
+    | Adopted
     | CloseDurable
     | CloseFailed
     | Shutdown
@@ -548,6 +572,14 @@ class Spawn:
 
 
 @dataclass(frozen=True, slots=True)
+class Adopt:
+    """Re-adopt the restored call's process from the keeper as if it had just been spawned:
+    feed `Adopted`, then `ProcessExited` and `OutputClosed` as for any spawn."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
@@ -637,6 +669,7 @@ Effect = (
     | RunTool
     | StopRun
     | Spawn
+    | Adopt
     | StopGroup
     | WatchGroup
     | KillGroup
