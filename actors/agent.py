@@ -83,6 +83,7 @@ class Agent:
             readopted: dict[tuple[str, str], kept.Readopted] = {}
             keeper = self.ctx.keeper
             if keeper is not None:
+                keeper.nursery = nursery
                 nursery.start_soon(keeper.client.run)
                 # Before any request: every command the keeper held for the last agent is
                 # found again, so its chat never answers without it (PROTOCOL.md 10.1).

@@ -55,6 +55,7 @@ from toolwire.actors.effects import (
     GroupGone,
     GroupLost,
     GroupStopped,
+    HolderGone,
     Input,
     InterruptRequest,
     JournalApproveTool,
@@ -131,6 +132,7 @@ from toolwire.actors.results import (
     TEXT_APPROVAL_EXPIRED,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_KEEPER_GONE,
     TEXT_SHUTDOWN,
     Outcome,
     Result,
@@ -1342,6 +1344,20 @@ class ChatState:
         outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
 
+    def _on_holder_gone(self, event: HolderGone) -> None:
+        """What held the command is gone (10.1): a call still owed its result ends `unknown`
+        with the output read up to then; for the rest it counts as exited."""
+        record = self.records.get(event.call_id)
+        if record is not None and record.state is RecordState.RUNNING:
+            self._emit(CancelTimer((record.call_id, "deadline")))
+            self._finish(
+                record,
+                self._execute_result(
+                    record, event.snapshot, Outcome.UNKNOWN, text=TEXT_KEEPER_GONE
+                ),
+            )
+        self._on_process_exited(ProcessExited(event.call_id, event.snapshot))
+
     def _on_output_closed(self, event: OutputClosed) -> None:
         # Nothing can print any more: an exited process keeps at most the result's size (5.2).
         self._emit(ShrinkOutput(event.call_id))
@@ -2245,6 +2261,7 @@ _HANDLER_NAMES: dict[type, str] = {
     Restored: "_on_restored",
     Recovered: "_on_recovered",
     Adopted: "_on_adopted",
+    HolderGone: "_on_holder_gone",
     CloseDurable: "_on_close_durable",
     CloseFailed: "_on_close_failed",
     Shutdown: "_on_shutdown",

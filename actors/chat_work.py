@@ -29,6 +29,7 @@ from toolwire.actors.effects import (
     GroupEmpty,
     GroupGone,
     GroupStopped,
+    HolderGone,
     Input,
     KillGroup,
     MarkTimedOut,
@@ -354,6 +355,12 @@ class ChatWork:
             # child may hold the pipe for long).
             processes.drain_available(proc, on_output)
             snapshot = runners.snapshot(proc)
+        except kept.KeeperLost:
+            # Its keeper was killed (10.1): nothing of the group runs on unseen, and the call
+            # ends `unknown` with the output read up to then (ChatState decides).
+            await _give_up(proc, self.processes)
+            self._feed(HolderGone(proc.process_id, runners.snapshot(proc)))
+            return
         except Exception:
             # Its exit can no longer be known: the call ends `unknown`, and the command is
             # given up (see `_give_up`).

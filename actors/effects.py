@@ -178,6 +178,16 @@ class ProcessExited:
 
 
 @dataclass(frozen=True, slots=True)
+class HolderGone:
+    """The keeper holding the command (PROTOCOL.md 10.1) is gone while this agent runs: its
+    exit can no longer be learnt. The shell killed what was left of its group; `snapshot` has
+    the output read up to then."""
+
+    call_id: str
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
 class OutputClosed:
     """Nothing holds the command's output pipe any more (no member of its group is left
     that could still print)."""
@@ -362,6 +372,7 @@ Input = (
     | Restored
     | Recovered
     | Adopted
+    | HolderGone
     | CloseDurable
     | CloseFailed
     | Shutdown

@@ -480,6 +480,18 @@ class KeptProcessBackend:
     def __init__(self, client: KeeperClient, retention_bytes: int) -> None:
         self.client = client
         self._retention_bytes = retention_bytes
+        # Where a new keeper's event reader runs (the agent's nursery, set by `Agent.run`).
+        self.nursery: trio.Nursery | None = None
+
+    def _live_client(self) -> KeeperClient:
+        """The keeper, or a new one if it was killed under this agent: the commands it held
+        are lost (their calls end `unknown`), the next ones are held by its successor."""
+        client = self.client
+        if client.lost and self.nursery is not None:
+            client = KeeperClient.connect_or_start(os.path.dirname(client.keeper_dir))
+            self.client = client
+            self.nursery.start_soon(client.run)
+        return client
 
     def spawn(
         self,
@@ -522,13 +534,14 @@ class KeptProcessBackend:
                 [list(rule) for rule in rules.writable],
             ]
             message["refuse_tcp"] = confinement.refuse_tcp
-        reply, fds = self.client.request(message)
+        client = self._live_client()
+        reply, fds = client.request(message)
         if "pid" not in reply:
             for fd in fds:
                 os.close(fd)
             raise OSError(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
         return KeptProcess(
-            self.client,
+            client,
             key,
             reply["pid"],
             dict(zip(reply["fds"], fds, strict=True)),

@@ -22,6 +22,10 @@ from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
 
 RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
+KEEPER_GONE = (
+    "the keeper holding the command was killed while it ran; the rest of its process group "
+    "was stopped and its outcome is unknown"
+)
 
 
 def _wait_for(name: str) -> str:
@@ -208,6 +212,34 @@ async def test_a_keeper_killed_with_its_process_ends_the_call_unknown_with_its_o
     assert result["outcome"] == "unknown"
     assert result["text"] == RESTARTED
     assert result["output"] == "printed\n"
+
+
+async def test_a_keeper_killed_under_a_live_agent_ends_its_call_unknown_a_new_one_holds_the_next(
+    tmp_path: Path,
+) -> None:
+    """The keeper alone is killed: the call it held ends `unknown` with the output read up to
+    then and a text saying why, nothing of its group runs on, and the next command is held by
+    a new keeper (it survives a kill -9 of the agent in turn)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _fifos(ws, "f1")
+    command = f"echo $$ > pid; echo printed; {_tell('f1')}; {_wait_for('never')}"
+    async with _agent(tmp_path) as (_server, conn):
+        await conn.send(_call("k", "execute", {"command": command}))
+        await _told(ws / "f1")
+        await conn.recv_until(lambda m: m["type"] == "output" and "printed" in m["data"])
+        shell = int((ws / "pid").read_text())
+        (keeper,) = _keeper_pids(tmp_path / "state")
+        os.kill(keeper, signal.SIGKILL)
+        got = await conn.recv_until(lambda m: m["type"] == "result")
+        result = got[-1]
+        assert result["outcome"] == "unknown"
+        assert result["text"] == KEEPER_GONE
+        assert result["output"] == "printed\n"
+        await _gone(shell)  # its group was stopped: nothing runs unseen
+        after = await _result(conn, _call("n", "execute", {"command": "echo next"}))
+        assert after["outcome"] == "completed" and after["output"] == "next\n"
+        assert _keeper_pids(tmp_path / "state") not in ([], [keeper])
 
 
 def _call(call_id: str, tool: str, args: dict[str, Any], **extra: Any) -> dict[str, Any]:
