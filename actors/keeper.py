@@ -5,8 +5,9 @@ needs it, in a session of its own; `python -m toolwire.actors.keeper KEEPER_DIR`
 Why one per agent (docs/architecture.md, "The keeper", has the figures): a Python keeper per
 command would cost ~10 MiB and tens of milliseconds per `execute`; one keeper costs that once,
 and each process it holds costs a few kilobytes of it. A keeper's death costs exactly the
-processes it holds, which are all of them: it does as little as it can (no trio, no thread
-but the sandbox's spawners, one `selectors` loop), so that it has little to fail on.
+processes it holds, which are all of them: it does as little as it can (no trio, one
+`selectors` loop; no thread but the sandbox's spawners and the one that makes spare files
+ahead of the spawns, keeper_store.SpareFiles), so that it has little to fail on.
 
 What it does for each command, and nothing it was not asked for by its agent:
 - spawns it (it is the parent: only a parent learns a process's exit status), in a process
@@ -84,7 +85,6 @@ class Held:
     """One process the keeper holds."""
 
     key: str
-    path: str
     pid: int
     pidfd: int
     read_fd: int | None  # output pipe, or the terminal's master
@@ -113,6 +113,8 @@ class Keeper:
         self.directory = directory
         self.procs_dir = keeper_store.procs_dir(directory)
         os.makedirs(self.procs_dir, mode=0o700, exist_ok=True)
+        _drop_stale_spares(self.procs_dir)
+        self.spares = keeper_store.SpareFiles(self.procs_dir)
         self.selector = selectors.DefaultSelector()
         self.held: dict[str, Held] = {}
         self.conn: socket.socket | None = None
@@ -145,6 +147,7 @@ class Keeper:
 
     def close(self) -> None:
         self.listener.close()
+        self.spares.close()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.directory, SOCKET_NAME))
 
@@ -238,8 +241,6 @@ class Keeper:
         elif op == "release":
             if held is not None and held.done:
                 self._forget(held)
-            elif held is None and _plain_name(message.get("key", "")):
-                keeper_store.remove(os.path.join(self.procs_dir, message["key"]))
         elif op == "resume" and held is not None and held.paused:
             held.paused = False
             self._drain(held)
@@ -258,7 +259,6 @@ class Keeper:
             return {"rid": rid, "errno": errno.ENOSYS, "error": "no posix_spawn"}, []
         if key in self.held or not _plain_name(key):
             return {"rid": rid, "errno": errno.EEXIST, "error": "already held"}, []
-        path = os.path.join(self.procs_dir, key)
         argv: list[str] = message["argv"]
         cwd: str = message["cwd"]
         env: dict[str, str] = message["env"]
@@ -309,7 +309,6 @@ class Keeper:
         os.set_blocking(read_fd, False)
         held = Held(
             key=key,
-            path=path,
             pid=pid,
             pidfd=os.pidfd_open(pid),
             read_fd=read_fd,
@@ -321,7 +320,8 @@ class Keeper:
 
         def record() -> None:
             # Before the loop reads anything of it: its first byte goes into this file.
-            held.recording = keeper_store.Recording(path, meta)
+            path, fd = self.spares.take()
+            held.recording = keeper_store.Recording(path, meta, fd)
             self.selector.register(held.pidfd, selectors.EVENT_READ, lambda _m: self._on_exit(held))
             self._update_reading(held)
 
@@ -551,14 +551,22 @@ class Keeper:
             os.close(held.input_fd)
         os.close(held.pidfd)
         if held.recording is not None:
-            held.recording.close()
-        keeper_store.remove(held.path)
+            self.spares.give_back(held.recording.path, held.recording.detach())
 
 
 def _wait_writable(sock: socket.socket, timeout_s: float) -> None:
     poller = select.poll()
     poller.register(sock, select.POLLOUT)
     poller.poll(timeout_s * 1000)
+
+
+def _drop_stale_spares(procs_dir: str) -> None:
+    """Files of an earlier keeper that hold no record (its spares, or a record it was making):
+    nobody can read anything from them. Records stay, for the agents that re-adopt them."""
+    for name in os.listdir(procs_dir):
+        path = os.path.join(procs_dir, name)
+        if not keeper_store.is_record(path):
+            keeper_store.remove(path)
 
 
 def _plain_name(key: str) -> bool:

@@ -11,10 +11,13 @@ One file per process, `<state>/keeper/p/<key>`, made once at its spawn:
 - the output under 5.2's retention: the first `head_bytes` bytes, then a ring of
   `retention_bytes - head_bytes` bytes holding the newest ones. At most the header plus
   `retention_bytes`, however much is printed.
-One file, made in one `open` and one `pwrite`: a file created costs ~90 us on the ext4 this was
-measured on (a directory ~120 us more, a rename as much again), and the keeper makes it after
-it answered the spawn, so the agent never waits for the disk.
-
+A file created costs ~90 us on the ext4 this was measured on, and 300 us to 1 ms when the
+machine is busy (a directory ~120 us more, a rename or an unlink as much again): more than the
+rest of a spawn. So no spawn creates or deletes one. The keeper takes a spare file made ahead
+by a thread of its own (`SpareFiles`) and writes the header in one `pwrite`; a forgotten
+process's file goes back to the spares, its magic zeroed first so that no reader takes it for a
+record. A file's name is therefore a slot's, not the call's: a reader finds the call in the
+meta (`key_for(meta.chat_id, meta.call_id)`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
+import secrets
 import signal
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +41,9 @@ MAGIC: Final = b"TWKEEP1\0"
 _COUNT = struct.Struct("<Q")
 _EXIT = struct.Struct("<BBxxiiQ8x")  # exited, has a code, code, signal number, at_ms
 _META_LEN = struct.Struct("<I")
+# Spare files the keeper keeps made ahead: more than a burst of spawns takes between two
+# refills (the thread makes one in ~0.1-1 ms).
+SPARE_FILES: Final = 16
 COUNT_AT: Final = len(MAGIC)
 EXIT_AT: Final = COUNT_AT + _COUNT.size
 META_AT: Final = EXIT_AT + _EXIT.size + _META_LEN.size
@@ -96,13 +105,18 @@ def _data_at(meta_len: int) -> int:
 class Recording:
     """The file of one process, written by its keeper as it reads the process's output."""
 
-    def __init__(self, path: str, meta: Meta) -> None:
+    def __init__(self, path: str, meta: Meta, fd: int | None = None) -> None:
+        """A new record of `meta` in `path`, or in `fd` (a spare file of that path: what it
+        held before is overwritten or beyond the count, so never read)."""
+        self.path = path
         self._head = min(meta.head_bytes, meta.retention_bytes)
         self._ring = meta.retention_bytes - self._head
         self.total = 0
         encoded = msgspec.msgpack.encode(meta)
         self._base = _data_at(len(encoded))
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        if fd is None:
+            fd = _create(path)
+        self._fd = fd
         header = bytearray(self._base)
         header[: len(MAGIC)] = MAGIC
         _META_LEN.pack_into(header, EXIT_AT + _EXIT.size, len(encoded))
@@ -138,6 +152,123 @@ class Recording:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def detach(self) -> int:
+        """The file's descriptor, which this recording no longer writes to."""
+        fd, self._fd = self._fd, -1
+        return fd
+
+
+def _create(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+
+
+class SpareFiles:
+    """Files made ahead of the spawns that take them, by a thread of their own (see the module
+    docstring): `take` never waits for the disk unless a burst emptied the spares."""
+
+    def __init__(self, directory: str, target: int = SPARE_FILES) -> None:
+        self._directory = directory
+        self._target = target
+        self._spares: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._count = 0  # spares made or given back, less those taken (the thread's guide)
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._closed = threading.Event()
+        self._wanted.set()
+        threading.Thread(target=self._refill, name="spare-files", daemon=True).start()
+
+    def _new(self) -> tuple[str, int]:
+        path = os.path.join(self._directory, "s" + secrets.token_hex(8))
+        return path, _create(path)
+
+    def _refill(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            while not self._closed.is_set():
+                with self._lock:
+                    if self._count >= self._target:
+                        break
+                    self._count += 1
+                try:
+                    spare = self._new()
+                    if self._closed.is_set():  # made while the keeper ended: not left behind
+                        os.close(spare[1])
+                        remove(spare[0])
+                        return
+                    self._spares.put(spare)
+                except OSError:
+                    with self._lock:
+                        self._count -= 1
+                    break  # the disk refuses: `take` makes one itself and says why
+            if self._closed.is_set():
+                return
+
+    def take(self) -> tuple[str, int]:
+        """A spare file: its path and a descriptor open for reading and writing."""
+        try:
+            spare = self._spares.get_nowait()
+        except queue.Empty:
+            spare = None
+        if spare is not None:
+            with self._lock:
+                self._count -= 1
+        self._wanted.set()
+        return spare if spare is not None else self._new()
+
+    def give_back(self, path: str, fd: int) -> None:
+        """A forgotten process's file: a spare again (its magic zeroed at once, so no reader
+        takes it for a record), or deleted when there are spares enough."""
+        try:
+            os.pwrite(fd, bytes(len(MAGIC)), 0)
+        except OSError:
+            os.close(fd)
+            remove(path)
+            return
+        with self._lock:
+            keep = self._count < self._target and not self._closed.is_set()
+            if keep:
+                self._count += 1
+        if keep:
+            self._spares.put((path, fd))
+        else:
+            os.close(fd)
+            remove(path)
+
+    def close(self) -> None:
+        """Delete every spare (at the keeper's end; the thread makes no more)."""
+        self._closed.set()
+        self._wanted.set()
+        while True:
+            try:
+                path, fd = self._spares.get_nowait()
+            except queue.Empty:
+                return
+            os.close(fd)
+            remove(path)
+
+
+def is_record(path: str) -> bool:
+    """The file holds a record (its magic), not a spare or a record being made."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def read_meta(path: str) -> Meta | None:
+    """A record's meta only (its header), without its output; None if it is no record."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(META_AT)
+            if len(header) < META_AT or not header.startswith(MAGIC):
+                return None
+            (meta_len,) = _META_LEN.unpack_from(header, EXIT_AT + _EXIT.size)
+            return msgspec.msgpack.decode(file.read(meta_len), type=Meta)
+    except (OSError, msgspec.DecodeError):
+        return None
 
 
 def read_process_file(path: str) -> ProcessFile | None:

@@ -572,10 +572,15 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
         names = sorted(os.listdir(base))
     except FileNotFoundError:
         return found
-    for key in names:
-        path = os.path.join(base, key)
-        # Asked first, so that nothing is recorded between the keeper's count and the read
-        # of the file (the keeper reads none of that process's output until `resume`).
+    for name in names:
+        path = os.path.join(base, name)
+        # A spare file (keeper_store.SpareFiles) holds no record: the keeper's, left alone.
+        header = keeper_store.read_meta(path)
+        if header is None:
+            continue
+        key = keeper_store.key_for(header.chat_id, header.call_id)
+        # Asked before the file is read, so that nothing is recorded between the keeper's
+        # count and the read (the keeper reads none of that process's output until `resume`).
         try:
             reply, fds = client.request({"op": "adopt", "key": key})
         except OSError:
@@ -584,8 +589,6 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
         if recorded is None:
             for fd in fds:
                 os.close(fd)
-            if not reply.get("held"):
-                keeper_store.remove(path)  # a spawn that never happened
             continue
         meta = recorded.meta
         handle: KeptProcess | None = None

@@ -179,7 +179,10 @@ async def test_a_command_that_ends_while_no_agent_runs_gets_its_real_result(
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result")
     result = got[-1]
-    assert result["outcome"] == "completed" and result["data"]["exit_code"] == 5
+    assert result["outcome"] == "completed" and result["data"]["exit_code"] == 5, (
+        result,
+        (tmp_path / "state" / "keeper" / "keeper.log").read_text(),
+    )
     assert result["output"] == "one\ntwo\n"
     assert (ws / "runs").read_text() == "run\n"
 
