@@ -200,7 +200,9 @@ class ChatActor:
                 output_bytes=readopted.output.total,
                 truncated_bytes=truncated,
             )
-            kept_call = fx.KeptCall(readopted.meta.args, held, snapshot)
+            kept_call = fx.KeptCall(
+                readopted.meta.args, held, snapshot, killed_after=readopted.killed_after
+            )
         self._request(fx.Restored(row, touched_at, kept_call))
 
     def recovered(self, approved_tools: tuple[str, ...], closed: bool) -> None:

@@ -438,8 +438,9 @@ class ChatState:
         # The commands the shell lists, until they are dropped (None while there are none).
         self._listed: dict[str, ListedProcess] | None = None
         # Restored calls whose process the shell is re-adopting from the keeper (10.1): the
-        # hard deadline each keeps from its first start (ms, and on this clock), if any.
-        self._adopting: dict[str, tuple[int | None, float | None]] = {}
+        # hard deadline each keeps from its first start (ms, and on this clock), if any, and
+        # whether the keeper already stopped its group at that deadline while no agent ran.
+        self._adopting: dict[str, tuple[int | None, float | None, bool]] = {}
         # Deliveries waiting for results read back from the journal, in request order, and
         # what was at hand for them when the read began (the cache may evict it meanwhile).
         # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
@@ -1341,6 +1342,19 @@ class ChatState:
             # been killed, and carries what they printed meanwhile.
             return
         self._emit(CancelTimer((record.call_id, "deadline")))
+        if group is not None and group.killed_after and group.kill_after_ms is not None:
+            # Stopped by its keeper at its hard deadline while no agent ran (10.1).
+            self._finish(
+                record,
+                self._execute_result(
+                    record,
+                    event.snapshot,
+                    Outcome.TIMED_OUT,
+                    timed_out=True,
+                    text=text_killed_after(group.kill_after_ms),
+                ),
+            )
+            return
         outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
 
@@ -2184,28 +2198,40 @@ class ChatState:
             call.kill_at = kill_at
             if call.spec.timeout_ms:
                 record.deadline = self._now + call.spec.timeout_ms / 1000 - since_start_s
-        self._adopting[record.call_id] = (parsed.kill_after_ms or None, kill_at)
+        killed = kept.killed_after and bool(parsed.kill_after_ms)
+        self._adopting[record.call_id] = (parsed.kill_after_ms or None, kill_at, killed)
         self._emit(Adopt(record.call_id))
         return True
 
     def _on_adopted(self, event: Adopted) -> None:
         """The re-adopted process is back: a call still owed its result goes on as one just
         spawned; one that returned before the restart only has its process back."""
-        kill_after_ms, kill_at = self._adopting.pop(event.call_id, (None, None))
+        kill_after_ms, kill_at, killed = self._adopting.pop(event.call_id, (None, None, False))
         record = self.records.get(event.call_id)
         call = self.calls.get(event.call_id)
         if record is not None and record.state is RecordState.RUNNING and call is not None:
             self._on_spawned(Spawned(event.call_id, event.pid, event.snapshot))
-            return
-        self._running_processes[event.call_id] = None
-        if self._listed is None:
-            self._listed = {}
-        self._listed[event.call_id] = ListedProcess()
-        group = GroupState(started_at_ms=(record.started_at_ms or 0) if record else 0)
-        self.groups[event.call_id] = group
-        if kill_after_ms is not None and kill_at is not None:
-            group.kill_after_ms = kill_after_ms
-            self._emit(StartTimer((event.call_id, "kill_after"), kill_at, KillAfter(event.call_id)))
+        else:
+            self._running_processes[event.call_id] = None
+            if self._listed is None:
+                self._listed = {}
+            self._listed[event.call_id] = ListedProcess()
+            group = GroupState(started_at_ms=(record.started_at_ms or 0) if record else 0)
+            self.groups[event.call_id] = group
+            if kill_after_ms is not None and kill_at is not None and not killed:
+                group.kill_after_ms = kill_after_ms
+                self._emit(
+                    StartTimer((event.call_id, "kill_after"), kill_at, KillAfter(event.call_id))
+                )
+        adopted = self.groups.get(event.call_id)
+        if killed and adopted is not None and kill_after_ms is not None:
+            # The keeper stopped it at its hard deadline while no agent ran (9.2 as the agent
+            # does it): its listing says `timed_out`, and a result still owed is `timed_out`
+            # with the deadline's text once it is gone (`_on_process_exited`).
+            self._emit(CancelTimer((event.call_id, "kill_after")))
+            adopted.kill_after_ms = kill_after_ms
+            adopted.killed_after = True
+            self._emit(MarkTimedOut(event.call_id))
 
     # -----------------------------------------------------------------------------------------
 

@@ -272,7 +272,12 @@ class ChatWork:
                     terminal=execute_tool.terminal_for(args),
                     confinement=confinement,
                     keep=kept.KeepInfo(
-                        self.chat_id, call_id, msgspec.to_builtins(args), effect.started_at_ms
+                        self.chat_id,
+                        call_id,
+                        msgspec.to_builtins(args),
+                        effect.started_at_ms,
+                        kill_after_ms=args.kill_after_ms,
+                        grace_ms=int(self.ctx.kill_grace_s * 1000),
                     ),
                 )
                 proc = self.processes.add(call_id, args.command, handle, effect.started_at_ms)

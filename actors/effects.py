@@ -287,6 +287,8 @@ class KeptCall:
     args: object
     held: bool
     snapshot: ProcessSnapshot
+    # The keeper stopped its group when its kill_after_ms passed while no agent ran (9.2).
+    killed_after: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,12 @@ class Held:
     # Re-adopted, until the agent read the recording: nothing is read meanwhile, so the file
     # holds exactly the bytes before the new socket's first.
     paused: bool = False
+    # Its hard deadline (PROTOCOL.md 9.2), enforced here while no agent is connected: the
+    # wall-clock ms it passes at (from the FIRST start) and the grace between TERM and KILL.
+    kill_at_ms: int | None = None
+    grace_s: float = 2.0
+    kill_due: float | None = None  # monotonic time of the SIGKILL once the SIGTERM went
+    killed_after: bool = False
 
     @property
     def done(self) -> bool:
@@ -117,6 +123,8 @@ class Keeper:
         self.spares = keeper_store.SpareFiles(self.procs_dir)
         self.selector = selectors.DefaultSelector()
         self.held: dict[str, Held] = {}
+        # Those of `held` with a hard deadline not yet enforced (few, usually none).
+        self.deadlines: dict[str, Held] = {}
         self.conn: socket.socket | None = None
         self.ever_connected = False
         # What is done once the reply went out: the agent need not wait for the disk.
@@ -141,9 +149,44 @@ class Keeper:
             idle = self.conn is None and all(h.done for h in self.held.values())
             if idle and (self.ever_connected or time.monotonic() - started > FIRST_CONNECT_WAIT_S):
                 return
-            for selected, mask in self.selector.select(timeout=1.0):
+            timeout = self._enforce_deadlines() if self.deadlines else 1.0
+            for selected, mask in self.selector.select(timeout=timeout):
                 handler: Callable[[int], None] = selected.data
                 handler(mask)
+
+    def _enforce_deadlines(self) -> float:
+        """A hard deadline that passes while no agent is connected (9.2, 10.1): the group gets
+        SIGTERM, then SIGKILL after the grace, as the agent would have done; the record says
+        so. With an agent connected the agent enforces it (a kill under way goes on). Returns
+        how long the loop may wait before the next step is due."""
+        wait = 1.0
+        now_ms, now = wall_ms(), time.monotonic()
+        for held in list(self.deadlines.values()):
+            if held.kill_due is not None:
+                if now >= held.kill_due:
+                    with contextlib.suppress(OSError):
+                        os.killpg(held.pid, signal.SIGKILL)
+                    del self.deadlines[held.key]
+                else:
+                    wait = min(wait, held.kill_due - now)
+                continue
+            if self.conn is not None:
+                continue
+            assert held.kill_at_ms is not None
+            if now_ms < held.kill_at_ms:
+                wait = min(wait, (held.kill_at_ms - now_ms) / 1000)
+                continue
+            try:
+                os.killpg(held.pid, signal.SIGTERM)
+            except OSError:
+                del self.deadlines[held.key]  # no member left: nothing to stop
+                continue
+            held.killed_after = True
+            if held.recording is not None:
+                held.recording.write_killed_after()
+            held.kill_due = now + held.grace_s
+            wait = min(wait, held.grace_s)
+        return max(wait, 0.0)
 
     def close(self) -> None:
         self.listener.close()
@@ -273,6 +316,7 @@ class Keeper:
             )
             run = self.confined.thread_for(rules, refuse_tcp=bool(message.get("refuse_tcp"))).call
         meta = keeper_store.Meta(**message["meta"])
+        kill_after_ms = message.get("kill_after_ms")
         spawner = self.spawner
         to_close: list[int] = []
         input_fd: int | None
@@ -315,6 +359,10 @@ class Keeper:
             input_fd=input_fd,
             terminal=terminal,
         )
+        if kill_after_ms:
+            held.kill_at_ms = meta.started_at_ms + int(kill_after_ms)
+            held.grace_s = float(message.get("grace_ms", 2000)) / 1000
+            self.deadlines[key] = held
         self.held[key] = held
         fds, names = self._attach(held)
 
@@ -364,6 +412,7 @@ class Keeper:
             "total": held.recording.total if held.recording is not None else 0,
             "fds": names,
             "exit": list(status) if status is not None else None,
+            "killed_after": held.killed_after,
         }
         return reply, fds
 
@@ -534,7 +583,7 @@ class Keeper:
         if not held.paused:
             self._drain(held)
         assert held.recording is not None
-        held.recording.write_exit(held.status[0], signum, wall_ms())
+        held.recording.write_exit(held.status[0], signum, wall_ms(), killed_after=held.killed_after)
         self._maybe_tell_exit(held)
 
     def _maybe_tell_exit(self, held: Held) -> None:
@@ -546,6 +595,7 @@ class Keeper:
 
     def _forget(self, held: Held) -> None:
         del self.held[held.key]
+        self.deadlines.pop(held.key, None)
         self._stop_forwarding(held)
         if held.input_fd is not None:
             os.close(held.input_fd)

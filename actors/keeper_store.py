@@ -39,7 +39,9 @@ from toolwire.actors.output import RUNNING_HEAD_BYTES
 
 MAGIC: Final = b"TWKEEP1\0"
 _COUNT = struct.Struct("<Q")
-_EXIT = struct.Struct("<BBxxiiQ8x")  # exited, has a code, code, signal number, at_ms
+# exited, has a code, stopped at its kill_after_ms by the keeper, code, signal number, at_ms
+_EXIT = struct.Struct("<BBBxiiQ8x")
+_KILLED_AFTER_AT: Final = 2  # the flag's byte in the slot (set on its own, before the exit)
 _META_LEN = struct.Struct("<I")
 # Spare files the keeper keeps made ahead: more than a burst of spawns takes between two
 # refills (the thread makes one in ~0.1-1 ms).
@@ -78,6 +80,7 @@ class ExitRecord:
     exit_code: int | None
     signal: str | None
     at_ms: int
+    killed_after: bool = False  # the keeper stopped it at its kill_after_ms (PROTOCOL.md 9.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +147,16 @@ class Recording:
         self.total += len(data)
         os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
 
-    def write_exit(self, exit_code: int | None, signum: int, at_ms: int) -> None:
+    def write_exit(
+        self, exit_code: int | None, signum: int, at_ms: int, *, killed_after: bool = False
+    ) -> None:
         code = 0 if exit_code is None else exit_code
-        os.pwrite(self._fd, _EXIT.pack(1, exit_code is not None, code, signum, at_ms), EXIT_AT)
+        slot = _EXIT.pack(1, exit_code is not None, killed_after, code, signum, at_ms)
+        os.pwrite(self._fd, slot, EXIT_AT)
+
+    def write_killed_after(self) -> None:
+        """The keeper stopped the group at its kill_after_ms (its exit comes later)."""
+        os.pwrite(self._fd, b"\1", EXIT_AT + _KILLED_AFTER_AT)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -285,11 +295,14 @@ def read_process_file(path: str) -> ProcessFile | None:
         meta = msgspec.msgpack.decode(data[META_AT : META_AT + meta_len], type=Meta)
     except msgspec.DecodeError:
         return None
-    exited, has_code, code, signum, at_ms = _EXIT.unpack_from(data, EXIT_AT)
+    exited, has_code, killed_after, code, signum, at_ms = _EXIT.unpack_from(data, EXIT_AT)
     record = None
     if exited:
         record = ExitRecord(
-            code if has_code else None, None if has_code else signal_name(signum), at_ms
+            code if has_code else None,
+            None if has_code else signal_name(signum),
+            at_ms,
+            bool(killed_after),
         )
     (total,) = _COUNT.unpack_from(data, COUNT_AT)
     body = data[_data_at(meta_len) :]

@@ -68,6 +68,9 @@ class KeepInfo:
     call_id: str
     args: Any
     started_at_ms: int
+    # Its hard deadline (9.2), which the keeper enforces while no agent is connected.
+    kill_after_ms: int | None = None
+    grace_ms: int = 2000
 
 
 class KeeperClient:
@@ -522,6 +525,9 @@ class KeptProcessBackend:
                 "retention_bytes": self._retention_bytes,
             },
         }
+        if keep.kill_after_ms:
+            message["kill_after_ms"] = keep.kill_after_ms
+            message["grace_ms"] = keep.grace_ms
         if terminal is not None:
             message["rows"], message["cols"] = terminal.rows, terminal.cols
         if confinement is not None:
@@ -560,6 +566,8 @@ class Readopted:
     output: OutputBuffer
     exited_at_ms: int | None
     path: str
+    # The keeper stopped its group at its kill_after_ms while no agent ran (9.2, 10.1).
+    killed_after: bool = False
 
 
 def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> list[Readopted]:
@@ -594,7 +602,9 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
         handle: KeptProcess | None = None
         status: ExitStatus | None = None
         total = recorded.output.total
+        killed_after = recorded.exit is not None and recorded.exit.killed_after
         if reply.get("held"):
+            killed_after = bool(reply.get("killed_after"))
             exit_ = reply.get("exit")
             if exit_ is not None:
                 status = ExitStatus(exit_[0], exit_[1])
@@ -626,6 +636,7 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
                 output=output,
                 exited_at_ms=recorded.exit.at_ms if recorded.exit is not None else None,
                 path=path,
+                killed_after=killed_after,
             )
         )
     return found

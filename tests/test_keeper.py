@@ -333,28 +333,33 @@ async def test_background_and_timed_out_processes_are_re_adopted(tmp_path: Path)
         assert (await _result(conn, slow)) == timed
 
 
-async def test_kill_after_that_passes_while_no_agent_runs_is_enforced_at_re_adoption(
+async def test_kill_after_that_passes_while_no_agent_runs_is_enforced_by_the_keeper(
     tmp_path: Path,
 ) -> None:
+    """9.2 while no agent runs (10.1): the keeper stops the group when the deadline passes
+    (the command is gone before any agent starts again), and the next agent's result says
+    so."""
     ws = tmp_path / "ws"
     ws.mkdir()
     _fifos(ws, "f1")
-    command = f"echo run >> runs; echo up; {_tell('f1')}; {_wait_for('never')}"
+    command = f"echo run >> runs; echo $$ > pid; echo up; {_tell('f1')}; {_wait_for('never')}"
     call = _call("k", "execute", {"command": command, "kill_after_ms": 300})
     async with _agent(tmp_path) as (server, conn):
         await conn.send(call)
         await _told(ws / "f1")
         await _kill9(server)
-    await trio.sleep(0.4)  # the deadline passes while no agent runs (a wall-clock deadline)
+    await _gone(int((ws / "pid").read_text()))  # stopped by its keeper: no agent runs
     async with _agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result")
+        listed = await _result(conn, _call("l", "process_output", {"process_id": "k"}))
     result = got[-1]
     assert result["outcome"] == "timed_out" and result["timed_out"] is True
     assert (
         result["text"] == "tool call ran past its kill_after_ms of 300 ms; the process was stopped"
     )
     assert result["output"] == "up\n"
+    assert listed["data"]["running"] is False and listed["data"]["timed_out"] is True
     assert (ws / "runs").read_text() == "run\n"
 
 

@@ -100,3 +100,13 @@ def test_a_file_that_is_not_a_whole_record_is_none(tmp_path: Path) -> None:
     (tmp_path / "p").write_bytes(b"TWKE")
     assert keeper_store.read_process_file(str(tmp_path / "p")) is None
     assert keeper_store.read_process_file(str(tmp_path / "missing")) is None
+
+
+def test_a_stop_at_the_hard_deadline_is_recorded_before_and_with_the_exit(tmp_path: Path) -> None:
+    path = str(tmp_path / "p")
+    recording = keeper_store.Recording(path, _meta())
+    recording.write_killed_after()
+    assert keeper_store.read_process_file(path).exit is None  # type: ignore[union-attr]
+    recording.write_exit(None, 15, 7, killed_after=True)
+    read = keeper_store.read_process_file(path)
+    assert read is not None and read.exit == keeper_store.ExitRecord(None, "SIGTERM", 7, True)
