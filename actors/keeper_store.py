@@ -46,6 +46,9 @@ _META_LEN = struct.Struct("<I")
 # Spare files the keeper keeps made ahead: more than a burst of spawns takes between two
 # refills (the thread makes one in ~0.1-1 ms).
 SPARE_FILES: Final = 16
+# The thread makes more only once fewer than this are left: a spawn and a release one after
+# the other take a spare and give it back, and no file is made or deleted for them.
+SPARE_LOW_WATER: Final = 8
 COUNT_AT: Final = len(MAGIC)
 EXIT_AT: Final = COUNT_AT + _COUNT.size
 META_AT: Final = EXIT_AT + _EXIT.size + _META_LEN.size
@@ -224,8 +227,12 @@ class SpareFiles:
         if spare is not None:
             with self._lock:
                 self._count -= 1
+                low = self._count < SPARE_LOW_WATER
+            if low:
+                self._wanted.set()
+            return spare
         self._wanted.set()
-        return spare if spare is not None else self._new()
+        return self._new()
 
     def give_back(self, path: str, fd: int) -> None:
         """A forgotten process's file: a spare again (its magic zeroed at once, so no reader
