@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from toolwire.actors import effects as fx
-from toolwire.actors import keeper_store, kept, observe, processes, reservations
+from toolwire.actors import kept, observe, processes, reservations
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
 from toolwire.actors.chat_work import ChatWork, run_on_loop
@@ -184,12 +184,8 @@ class ChatActor:
         kept_call = None
         if readopted is not None:
             held = readopted.handle is not None or readopted.status is not None
-            if held:
-                self.work.hold_for_adoption(readopted)
-            else:
-                # Gone unrecorded: what it printed goes into the call's result (if it was still
-                # running) and its file has nothing more to give.
-                keeper_store.remove(readopted.path)
+            # Until ChatState says `Adopt` or `ReleaseKept`.
+            self.work.hold_for_adoption(readopted)
             output, truncated = readopted.output.result_output()
             snapshot = fx.ProcessSnapshot(
                 process_id=row.call_id,
@@ -319,6 +315,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),
     fx.Adopt: lambda chat, e: chat.work.adopt_process(e),
+    fx.ReleaseKept: lambda chat, e: chat.work.release_kept(e),
     fx.StopGroup: lambda chat, e: chat.work.stop_group(e),
     fx.WatchGroup: lambda chat, e: chat.work.watch_group(e),
     fx.KillGroup: lambda chat, e: chat.work.kill_group(e),

@@ -76,6 +76,7 @@ from toolwire.actors.effects import (
     Publish,
     ReadBack,
     Recovered,
+    ReleaseKept,
     Restored,
     ResultDurable,
     ResultsRead,
@@ -2121,10 +2122,10 @@ class ChatState:
             self._wake_replies(record.call_id)
             if self.config.journal_keeps_results:
                 self.records.release_result(record)
-            if kept is not None and kept.held:
-                # Its call returned (background, or at its timeout_ms) and its process goes
-                # on: listed, readable, stopped by its kill_after_ms as before (10.1).
-                self._readopt(record, None, kept)
+            if kept is not None and not (kept.held and self._readopt(record, None, kept)):
+                self._emit(ReleaseKept(record.call_id))
+            # (A held one: its call returned, background or at its timeout_ms, and its process
+            # goes on: listed, readable, stopped by its kill_after_ms as before, 10.1.)
             return
         call = CallState(spec=spec)
         self.calls[row.call_id] = call
@@ -2132,6 +2133,7 @@ class ChatState:
             if kept is not None and kept.held and self._readopt(record, call, kept):
                 return
             if kept is not None:
+                self._emit(ReleaseKept(record.call_id))
                 # Gone without a recorded exit (a reboot, or its keeper killed): `unknown`,
                 # with the output recorded up to then (10.1).
                 self._finish(

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import trio
 
-from toolwire.actors import kept, observe, processes, runners, stdin
+from toolwire.actors import keeper_store, kept, observe, processes, runners, stdin
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
     Adopt,
@@ -36,6 +36,7 @@ from toolwire.actors.effects import (
     OutputClosed,
     ProcessExited,
     ProcessSnapshot,
+    ReleaseKept,
     RunTool,
     Spawn,
     Spawned,
@@ -322,6 +323,18 @@ class ChatWork:
         )
         self._start(proc)
         self._feed(Adopted(effect.call_id, meta.pid, runners.snapshot(proc)))
+
+    def release_kept(self, effect: ReleaseKept) -> None:
+        readopted = self._adoptable.pop(effect.call_id, None)
+        if readopted is None:
+            return
+        handle = readopted.handle
+        if handle is None:
+            keeper_store.remove(readopted.path)
+            return
+        if readopted.status is None:
+            handle.signal_group(signal.SIGKILL)  # nothing left running that no call answers for
+        handle.release()
 
     def _start(self, proc: processes.ProcessRecord) -> None:
         """The pump and the reaper of a process just listed."""

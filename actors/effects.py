@@ -593,6 +593,15 @@ class Adopt:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseKept:
+    """A restored call's process is not re-adopted (gone without a recorded exit, or its record
+    cannot take it back): the shell kills what is left of its group, if anything, and drops
+    what the keeper recorded of it."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
@@ -683,6 +692,7 @@ Effect = (
     | StopRun
     | Spawn
     | Adopt
+    | ReleaseKept
     | StopGroup
     | WatchGroup
     | KillGroup

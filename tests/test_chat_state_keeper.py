@@ -18,6 +18,7 @@ from toolwire.actors.effects import (
     KeptCall,
     KillAfter,
     ProcessSnapshot,
+    ReleaseKept,
     Restored,
     StartTimer,
 )
@@ -85,6 +86,7 @@ def test_a_command_gone_unrecorded_ends_unknown_with_the_output_recorded_up_to_t
     world, row = _running_row(args)
     _state, effects, _now, _wall = _restart(world, row, KeptCall(args, False, PRINTED), 1.0)
     assert not [e for e in effects if isinstance(e, Adopt)]
+    assert ReleaseKept("k1") in effects  # its file has nothing more to give
     result = _result(effects)
     assert result is not None and result.outcome is Outcome.UNKNOWN
     assert result.text == TEXT_AGENT_RESTARTED and result.output == "printed\n"
@@ -107,3 +109,14 @@ def test_a_keeper_killed_under_a_live_agent_ends_the_call_unknown_with_its_outpu
     assert result is not None and result.outcome is Outcome.UNKNOWN
     assert result.text == TEXT_KEEPER_GONE and result.output == "printed\n"
     assert world.state.running_process_count == 0
+
+
+def test_a_held_command_whose_record_cannot_take_it_back_is_released_not_left_running() -> None:
+    """Its recorded args no longer parse (another build wrote them): not adopted, so the shell
+    stops and drops it rather than hold it unseen; the call ends `unknown`."""
+    world, row = _running_row({"command": "build"})
+    kept = KeptCall({"command": 5}, True, PRINTED)
+    _state, effects, _now, _wall = _restart(world, row, kept, 1.0)
+    assert ReleaseKept("k1") in effects and Adopt("k1") not in effects
+    result = _result(effects)
+    assert result is not None and result.outcome is Outcome.UNKNOWN
