@@ -2195,12 +2195,13 @@ class ChatState:
         kill_at = None
         if parsed.kill_after_ms:
             kill_at = self._now + parsed.kill_after_ms / 1000 - since_start_s
+        # Stopped by its keeper at that deadline already: nothing is stopped again.
+        killed = kept.killed_after and bool(parsed.kill_after_ms)
         if call is not None:
             call.parsed = parsed
-            call.kill_at = kill_at
+            call.kill_at = None if killed else kill_at
             if call.spec.timeout_ms:
                 record.deadline = self._now + call.spec.timeout_ms / 1000 - since_start_s
-        killed = kept.killed_after and bool(parsed.kill_after_ms)
         self._adopting[record.call_id] = (parsed.kill_after_ms or None, kill_at, killed)
         self._emit(Adopt(record.call_id))
         return True
@@ -2230,7 +2231,6 @@ class ChatState:
             # The keeper stopped it at its hard deadline while no agent ran (9.2 as the agent
             # does it): its listing says `timed_out`, and a result still owed is `timed_out`
             # with the deadline's text once it is gone (`_on_process_exited`).
-            self._emit(CancelTimer((event.call_id, "kill_after")))
             adopted.kill_after_ms = kill_after_ms
             adopted.killed_after = True
             self._emit(MarkTimedOut(event.call_id))

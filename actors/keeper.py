@@ -240,14 +240,14 @@ class Keeper:
             message: dict[str, Any] = _decoder.decode(data)
             reply, fds = self._handle(message)
             if reply is not None:
-                self._send(reply, fds)
+                self._tell(reply, fds)
             for fd in fds:
                 os.close(fd)  # the agent holds its own copies now (or the send failed)
             after, self.after_reply = self.after_reply, []
             for action in after:
                 action()
 
-    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         conn = self.conn
         if conn is None:
             return
@@ -591,7 +591,7 @@ class Keeper:
             return
         held.exit_sent = True
         code, sig = held.status
-        self._send({"ev": "exit", "key": held.key, "code": code, "signal": sig})
+        self._tell({"ev": "exit", "key": held.key, "code": code, "signal": sig})
 
     def _forget(self, held: Held) -> None:
         del self.held[held.key]

@@ -17,6 +17,8 @@ from toolwire.actors.effects import (
     HolderGone,
     KeptCall,
     KillAfter,
+    MarkTimedOut,
+    ProcessExited,
     ProcessSnapshot,
     ReleaseKept,
     Restored,
@@ -24,7 +26,13 @@ from toolwire.actors.effects import (
 )
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.result_cache import ResultCache
-from toolwire.actors.results import TEXT_AGENT_RESTARTED, TEXT_KEEPER_GONE, Outcome, Result
+from toolwire.actors.results import (
+    TEXT_AGENT_RESTARTED,
+    TEXT_KEEPER_GONE,
+    Outcome,
+    Result,
+    text_killed_after,
+)
 from toolwire.simulation.pure_world import World
 
 PRINTED = ProcessSnapshot("k1", None, None, False, "printed\n", 8, 0)
@@ -120,3 +128,21 @@ def test_a_held_command_whose_record_cannot_take_it_back_is_released_not_left_ru
     assert ReleaseKept("k1") in effects and Adopt("k1") not in effects
     result = _result(effects)
     assert result is not None and result.outcome is Outcome.UNKNOWN
+
+
+def test_a_command_its_keeper_stopped_at_its_hard_deadline_ends_timed_out_with_its_text() -> None:
+    """9.2 while no agent ran (10.1): the keeper already stopped the group, so the agent stops
+    nothing again; the listing says `timed_out` and the owed result gives the deadline's text,
+    also when the process is already gone when it is re-adopted."""
+    args = {"command": "build", "kill_after_ms": 5000}
+    world, row = _running_row(args)
+    kept = KeptCall(args, True, PRINTED, killed_after=True)
+    state, _effects, now, wall = _restart(world, row, kept, after_s=30.0)
+    effects = state.handle(Adopted("k1", 4242, PRINTED), now, wall)
+    assert MarkTimedOut("k1") in effects
+    assert not [e for e in effects if isinstance(e, StartTimer) and e.key[1] == "kill_after"]
+    ended = ProcessSnapshot("k1", None, "SIGTERM", True, "printed\n", 8, 0)
+    effects = state.handle(ProcessExited("k1", ended), now, wall)
+    result = _result(effects)
+    assert result is not None and result.outcome is Outcome.TIMED_OUT and result.timed_out
+    assert result.text == text_killed_after(5000)
