@@ -153,6 +153,8 @@ class Agent:
             if handle is not None:
                 handle.release()
             else:
+                if found.status is None:
+                    kept.stop_orphan(found.meta)  # its keeper is gone; it may still run
                 keeper_store.remove(found.path)
 
     def _recover_chat_rows(self) -> None:

@@ -330,6 +330,8 @@ class ChatWork:
             return
         handle = readopted.handle
         if handle is None:
+            if readopted.status is None:
+                kept.stop_orphan(readopted.meta)  # its keeper is gone; it may still run
             keeper_store.remove(readopted.path)
             return
         if readopted.status is None:

@@ -642,6 +642,33 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
     return found
 
 
+def stop_orphan(meta: keeper_store.Meta) -> bool:
+    """Kill the group of a process whose keeper is gone without its exit recorded (it may
+    still run, its output going nowhere): nothing runs on that no call answers for. Only if
+    `meta.pid` still leads a group that started no earlier than the call did (a recycled pid
+    is left alone). True if a signal went."""
+    pid = meta.pid
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as file:
+            boot_s = next(int(line.split()[1]) for line in file if line.startswith(b"btime"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return False
+    pgrp, start_ticks = int(fields[2]), int(fields[19])
+    started_ms = (boot_s + start_ticks / os.sysconf("SC_CLK_TCK")) * 1000
+    # btime is whole seconds and the tick 10 ms: a margin of two seconds either way.
+    if pgrp != pid or started_ms < meta.started_at_ms - 2000:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
 class RecordedProcess:
     """A process whose keeper recorded its exit and is gone since (it exited too, its work
     done): what is left of it is its record, for its call's real result (10.1)."""

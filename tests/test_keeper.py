@@ -217,6 +217,34 @@ async def test_a_keeper_killed_with_its_process_ends_the_call_unknown_with_its_o
     assert result["output"] == "printed\n"
 
 
+async def test_a_journal_that_says_running_for_a_process_whose_keeper_is_gone(
+    tmp_path: Path,
+) -> None:
+    """The agent is killed, then its keeper alone: the command runs on, its output going
+    nowhere, its exit never to be recorded. The next agent ends the call `unknown` with the
+    output recorded up to then, and stops the command (nothing runs on unseen), once."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _fifos(ws, "f1")
+    command = f"echo run >> runs; echo $$ > pid; echo printed; {_tell('f1')}; {_wait_for('never')}"
+    async with _agent(tmp_path) as (server, conn):
+        await conn.send(_call("k", "execute", {"command": command}))
+        await _told(ws / "f1")
+        await conn.recv_until(lambda m: m["type"] == "output" and "printed" in m["data"])
+        (keeper,) = _keeper_pids(tmp_path / "state")
+        await _kill9(server)
+    os.kill(keeper, signal.SIGKILL)
+    await _gone(keeper)
+    shell = int((ws / "pid").read_text())
+    os.kill(shell, 0)  # it still runs
+    async with _agent(tmp_path) as (server, conn):
+        await _gone(shell)  # stopped at the restart
+        result = await _result(conn, _call("k", "execute", {"command": command}))
+    assert result["outcome"] == "unknown" and result["text"] == RESTARTED
+    assert result["output"] == "printed\n"
+    assert (ws / "runs").read_text() == "run\n"
+
+
 async def test_a_keeper_killed_under_a_live_agent_ends_its_call_unknown_a_new_one_holds_the_next(
     tmp_path: Path,
 ) -> None:
