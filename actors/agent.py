@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import uuid
 from typing import Any
 
 import trio
 
+from toolwire.actors import keeper_store, kept
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.chat import ChatActor
 from toolwire.actors.chat_state import ChatState
@@ -78,7 +80,20 @@ class Agent:
             self.ctx.journal.on_failure = self._journal_failed
             await nursery.start(self.ctx.journal.run)
             self._journal_seq_at_start = self.ctx.journal.queued_seq
-            self.recovered = await self._recover()
+            readopted: dict[tuple[str, str], kept.Readopted] = {}
+            keeper = self.ctx.keeper
+            if keeper is not None:
+                keeper.nursery = nursery
+                nursery.start_soon(keeper.client.run)
+                # Before any request: every command the keeper held for the last agent is
+                # found again, so its chat never answers without it (PROTOCOL.md 10.1).
+                limits = self.ctx.limits
+                for found in kept.readopt(
+                    keeper.client, limits.output_retention_bytes, limits.result_output_bytes
+                ):
+                    readopted[(found.meta.chat_id, found.meta.call_id)] = found
+            self.recovered = await self._recover(readopted)
+            self._drop_unclaimed(readopted)
             # Recovery ends every call that was running when the agent died `unknown`. That
             # outcome is on disk before the agent takes requests: a retry right after a restart
             # is told "done" with its result, never "running" while the write is under way.
@@ -111,13 +126,15 @@ class Agent:
         assert self.failure is not None
         return self.failure
 
-    async def _recover(self) -> int:
-        """Rebuild every journaled record (in touch order, so forgetting stays ordered)."""
+    async def _recover(self, readopted: dict[tuple[str, str], kept.Readopted]) -> int:
+        """Rebuild every journaled record (in touch order, so forgetting stays ordered), each
+        with its command's process if the keeper recorded one."""
         now_wall, now = self.ctx.wall_ms(), trio.current_time()
         recovered = 0
         for row in self.ctx.journal.recover():
             touched_at = wall_ms_to_monotonic(row.touched_at_ms, now_wall, now)
-            self.chat(row.chat_id).restore(row, touched_at)
+            found = readopted.pop((row.chat_id, row.call_id), None)
+            self.chat(row.chat_id).restore(row, touched_at, found)
             recovered += 1
             if recovered % RECOVERY_YIELD_ROWS == 0:
                 # Nothing takes requests yet (the server answers 503 until `ready`); what runs
@@ -125,6 +142,20 @@ class Agent:
                 await trio.lowlevel.checkpoint()
         self._recover_chat_rows()
         return recovered
+
+    def _drop_unclaimed(self, readopted: dict[tuple[str, str], kept.Readopted]) -> None:
+        """Processes of calls the journal no longer has (forgotten, or never made durable):
+        no call can answer for them, so none is left running unseen."""
+        for found in readopted.values():
+            handle = found.handle
+            if handle is not None and found.status is None:
+                handle.signal_group(signal.SIGKILL)
+            if handle is not None:
+                handle.release()
+            else:
+                if found.status is None:
+                    kept.stop_orphan(found.meta)  # its keeper is gone; it may still run
+                keeper_store.remove(found.path)
 
     def _recover_chat_rows(self) -> None:
         """After the records, each chat's approvals (9.5) and close (9.6), handed to the chat:
@@ -232,9 +263,14 @@ class Agent:
         saves them `canceled` with the shutdown's text; then every queued journal write is
         made durable, so a repeat after a restart gets those results."""
         self.stopping = True
-        async with trio.open_nursery() as nursery:
-            for chat in list(self.chats.values()):
-                nursery.start_soon(chat.shutdown)
+        if self.ctx.keep_on_shutdown and self.ctx.keeper is not None:
+            # `--on-shutdown keep` (10.1): every command goes on, held by the keeper, its call
+            # unresolved in the journal; the next agent re-adopts them.
+            self.ctx.keeper.client.close()
+        else:
+            async with trio.open_nursery() as nursery:
+                for chat in list(self.chats.values()):
+                    nursery.start_soon(chat.shutdown)
         try:
             await self._wait_own_writes_durable()
         except JournalError:

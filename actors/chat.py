@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from toolwire.actors import effects as fx
-from toolwire.actors import observe, processes, reservations
+from toolwire.actors import kept, observe, processes, reservations
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
 from toolwire.actors.chat_work import ChatWork, run_on_loop
@@ -176,9 +176,30 @@ class ChatActor:
         if self._shutdown_done is not None:
             self._shutdown_done.set()
 
-    def restore(self, row: JournalRow, touched_at: float) -> None:
-        """Rebuild one record from the journal after a restart."""
-        self._request(fx.Restored(row, touched_at))
+    def restore(
+        self, row: JournalRow, touched_at: float, readopted: kept.Readopted | None = None
+    ) -> None:
+        """Rebuild one record from the journal after a restart, with its command's process
+        when the keeper recorded one (PROTOCOL.md 10.1)."""
+        kept_call = None
+        if readopted is not None:
+            held = readopted.handle is not None or readopted.status is not None
+            # Until ChatState says `Adopt` or `ReleaseKept`.
+            self.work.hold_for_adoption(readopted)
+            output, truncated = readopted.output.result_output()
+            snapshot = fx.ProcessSnapshot(
+                process_id=row.call_id,
+                exit_code=None,
+                signal=None,
+                exited=False,
+                output=output,
+                output_bytes=readopted.output.total,
+                truncated_bytes=truncated,
+            )
+            kept_call = fx.KeptCall(
+                readopted.meta.args, held, snapshot, killed_after=readopted.killed_after
+            )
+        self._request(fx.Restored(row, touched_at, kept_call))
 
     def recovered(self, approved_tools: tuple[str, ...], closed: bool) -> None:
         """After its records: what else the journal kept of the chat (ChatState decides what
@@ -293,6 +314,8 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.RunTool: ChatActor._run_tool,
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),
+    fx.Adopt: lambda chat, e: chat.work.adopt_process(e),
+    fx.ReleaseKept: lambda chat, e: chat.work.release_kept(e),
     fx.StopGroup: lambda chat, e: chat.work.stop_group(e),
     fx.WatchGroup: lambda chat, e: chat.work.watch_group(e),
     fx.KillGroup: lambda chat, e: chat.work.kill_group(e),

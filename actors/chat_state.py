@@ -28,6 +28,8 @@ from toolwire.actors import call_results, planner
 from toolwire.actors.budget import AgentBudget
 from toolwire.actors.calls import CallSpec, conflict_error, shared_tool_name
 from toolwire.actors.effects import (
+    Adopt,
+    Adopted,
     AlreadyExited,
     ApproveRequest,
     AttachRequest,
@@ -53,6 +55,7 @@ from toolwire.actors.effects import (
     GroupGone,
     GroupLost,
     GroupStopped,
+    HolderGone,
     Input,
     InterruptRequest,
     JournalApproveTool,
@@ -63,6 +66,7 @@ from toolwire.actors.effects import (
     JournalReopen,
     JournalTouch,
     JournalWrite,
+    KeptCall,
     KillAfter,
     KillGroup,
     MarkTimedOut,
@@ -72,6 +76,7 @@ from toolwire.actors.effects import (
     Publish,
     ReadBack,
     Recovered,
+    ReleaseKept,
     Restored,
     ResultDurable,
     ResultsRead,
@@ -128,6 +133,7 @@ from toolwire.actors.results import (
     TEXT_APPROVAL_EXPIRED,
     TEXT_CANCELED_BEFORE_RUN,
     TEXT_CANCELED_WHILE_RUNNING,
+    TEXT_KEEPER_GONE,
     TEXT_SHUTDOWN,
     Outcome,
     Result,
@@ -367,6 +373,7 @@ class ChatState:
     # Ten thousand chats: an instance dict would cost each about 500 bytes more.
     __slots__ = (
         "_active_turns",
+        "_adopting",
         "_close_row",
         "_lane",
         "_lane_held",
@@ -431,6 +438,10 @@ class ChatState:
         self._running_processes: dict[str, None] = {}
         # The commands the shell lists, until they are dropped (None while there are none).
         self._listed: dict[str, ListedProcess] | None = None
+        # Restored calls whose process the shell is re-adopting from the keeper (10.1): the
+        # hard deadline each keeps from its first start (ms, and on this clock), if any, and
+        # whether the keeper already stopped its group at that deadline while no agent ran.
+        self._adopting: dict[str, tuple[int | None, float | None, bool]] = {}
         # Deliveries waiting for results read back from the journal, in request order, and
         # what was at hand for them when the read began (the cache may evict it meanwhile).
         # (A list, not a deque: an empty deque costs 600 bytes per idle chat; it stays short.)
@@ -1332,8 +1343,35 @@ class ChatState:
             # been killed, and carries what they printed meanwhile.
             return
         self._emit(CancelTimer((record.call_id, "deadline")))
+        if group is not None and group.killed_after and group.kill_after_ms is not None:
+            # Stopped by its keeper at its hard deadline while no agent ran (10.1).
+            self._finish(
+                record,
+                self._execute_result(
+                    record,
+                    event.snapshot,
+                    Outcome.TIMED_OUT,
+                    timed_out=True,
+                    text=text_killed_after(group.kill_after_ms),
+                ),
+            )
+            return
         outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
+
+    def _on_holder_gone(self, event: HolderGone) -> None:
+        """What held the command is gone (10.1): a call still owed its result ends `unknown`
+        with the output read up to then; for the rest it counts as exited."""
+        record = self.records.get(event.call_id)
+        if record is not None and record.state is RecordState.RUNNING:
+            self._emit(CancelTimer((record.call_id, "deadline")))
+            self._finish(
+                record,
+                self._execute_result(
+                    record, event.snapshot, Outcome.UNKNOWN, text=TEXT_KEEPER_GONE
+                ),
+            )
+        self._on_process_exited(ProcessExited(event.call_id, event.snapshot))
 
     def _on_output_closed(self, event: OutputClosed) -> None:
         # Nothing can print any more: an exited process keeps at most the result's size (5.2).
@@ -2073,6 +2111,7 @@ class ChatState:
             turn_id=row.turn_id,
         )
         self.records.restore(record)
+        kept = event.kept
         if record.state is RecordState.DONE:
             if record.result is None:
                 raise ValueError(
@@ -2083,10 +2122,27 @@ class ChatState:
             self._wake_replies(record.call_id)
             if self.config.journal_keeps_results:
                 self.records.release_result(record)
+            if kept is not None and not (kept.held and self._readopt(record, None, kept)):
+                self._emit(ReleaseKept(record.call_id))
+            # (A held one: its call returned, background or at its timeout_ms, and its process
+            # goes on: listed, readable, stopped by its kill_after_ms as before, 10.1.)
             return
         call = CallState(spec=spec)
         self.calls[row.call_id] = call
         if record.state is RecordState.RUNNING:
+            if kept is not None and kept.held and self._readopt(record, call, kept):
+                return
+            if kept is not None:
+                self._emit(ReleaseKept(record.call_id))
+                # Gone without a recorded exit (a reboot, or its keeper killed): `unknown`,
+                # with the output recorded up to then (10.1).
+                self._finish(
+                    record,
+                    self._execute_result(
+                        record, kept.snapshot, Outcome.UNKNOWN, text=TEXT_AGENT_RESTARTED
+                    ),
+                )
+                return
             self._finish(record, self._plain_result(record, Outcome.UNKNOWN, TEXT_AGENT_RESTARTED))
         elif record.state is RecordState.AWAITING_APPROVAL:
             try:
@@ -2123,6 +2179,61 @@ class ChatState:
         if event.closed:
             self.closed = True
             self._close_row = _CLOSE_DURABLE
+
+    def _readopt(self, record: ToolCallRecord, call: CallState | None, kept: KeptCall) -> bool:
+        """Ask the shell to re-adopt a restored call's process. Its deadlines count from the
+        FIRST start, as before the restart (5.2, 9.2): one that passed meanwhile fires at
+        once. False when its recorded args no longer parse (then it is not adopted)."""
+        try:
+            parsed = parse_args(lookup("execute"), kept.args)
+        except ToolwireError:
+            return False
+        if not isinstance(parsed, ExecuteArgs):
+            return False
+        started = record.started_at_ms if record.started_at_ms is not None else self._wall_ms
+        since_start_s = (self._wall_ms - started) / 1000
+        kill_at = None
+        if parsed.kill_after_ms:
+            kill_at = self._now + parsed.kill_after_ms / 1000 - since_start_s
+        # Stopped by its keeper at that deadline already: nothing is stopped again.
+        killed = kept.killed_after and bool(parsed.kill_after_ms)
+        if call is not None:
+            call.parsed = parsed
+            call.kill_at = None if killed else kill_at
+            if call.spec.timeout_ms:
+                record.deadline = self._now + call.spec.timeout_ms / 1000 - since_start_s
+        self._adopting[record.call_id] = (parsed.kill_after_ms or None, kill_at, killed)
+        self._emit(Adopt(record.call_id))
+        return True
+
+    def _on_adopted(self, event: Adopted) -> None:
+        """The re-adopted process is back: a call still owed its result goes on as one just
+        spawned; one that returned before the restart only has its process back."""
+        kill_after_ms, kill_at, killed = self._adopting.pop(event.call_id, (None, None, False))
+        record = self.records.get(event.call_id)
+        call = self.calls.get(event.call_id)
+        if record is not None and record.state is RecordState.RUNNING and call is not None:
+            self._on_spawned(Spawned(event.call_id, event.pid, event.snapshot))
+        else:
+            self._running_processes[event.call_id] = None
+            if self._listed is None:
+                self._listed = {}
+            self._listed[event.call_id] = ListedProcess()
+            group = GroupState(started_at_ms=(record.started_at_ms or 0) if record else 0)
+            self.groups[event.call_id] = group
+            if kill_after_ms is not None and kill_at is not None and not killed:
+                group.kill_after_ms = kill_after_ms
+                self._emit(
+                    StartTimer((event.call_id, "kill_after"), kill_at, KillAfter(event.call_id))
+                )
+        adopted = self.groups.get(event.call_id)
+        if killed and adopted is not None and kill_after_ms is not None:
+            # The keeper stopped it at its hard deadline while no agent ran (9.2 as the agent
+            # does it): its listing says `timed_out`, and a result still owed is `timed_out`
+            # with the deadline's text once it is gone (`_on_process_exited`).
+            adopted.kill_after_ms = kill_after_ms
+            adopted.killed_after = True
+            self._emit(MarkTimedOut(event.call_id))
 
     # -----------------------------------------------------------------------------------------
 
@@ -2177,6 +2288,8 @@ _HANDLER_NAMES: dict[type, str] = {
     ResultsReadFailed: "_on_results_read_failed",
     Restored: "_on_restored",
     Recovered: "_on_recovered",
+    Adopted: "_on_adopted",
+    HolderGone: "_on_holder_gone",
     CloseDurable: "_on_close_durable",
     CloseFailed: "_on_close_failed",
     Shutdown: "_on_shutdown",

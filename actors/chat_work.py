@@ -14,11 +14,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 
-from toolwire.actors import observe, processes, runners, stdin
+from toolwire.actors import keeper_store, kept, observe, processes, runners, stdin
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
+    Adopt,
+    Adopted,
     AlreadyExited,
     CancelTimer,
     Deadline,
@@ -26,12 +29,14 @@ from toolwire.actors.effects import (
     GroupEmpty,
     GroupGone,
     GroupStopped,
+    HolderGone,
     Input,
     KillGroup,
     MarkTimedOut,
     OutputClosed,
     ProcessExited,
     ProcessSnapshot,
+    ReleaseKept,
     RunTool,
     Spawn,
     Spawned,
@@ -79,6 +84,7 @@ class ChatWork:
     """Tools, commands and timers of one chat (see the module docstring)."""
 
     __slots__ = (
+        "_adoptable",
         "_feed",
         "_followers",
         "_searches",
@@ -109,11 +115,15 @@ class ChatWork:
         self._stoppable: dict[str, trio.CancelScope] = {}
         # The running searches, by call: a cancel sets the flag, the worker thread sees it.
         self._searches: dict[str, threading.Event] = {}
+        # Processes found again at a restart, until their call asks to adopt them.
+        self._adoptable: dict[str, kept.Readopted] = {}
 
     @property
     def idle(self) -> bool:
         """No timer set and no tool a cancel could stop: nothing here outlives the moment."""
-        return not self._timers and not self._stoppable and not self._searches
+        return (
+            not self._timers and not self._stoppable and not self._searches and not self._adoptable
+        )
 
     def run_tool(self, effect: RunTool) -> None:
         policy = self.ctx.effective_sandbox(effect.sandbox)
@@ -253,20 +263,85 @@ class ChatWork:
             self._feed(SpawnFailed(call_id, exc.message))
             return
         try:
-            proc = self.processes.spawn(
-                call_id,
-                args.command,
-                execute_tool.argv_for(args),
-                execute_tool.cwd_for(args, self.ctx.workspace),
-                execute_tool.env_for(args, self.ctx.base_env),
-                effect.started_at_ms,
-                stdin=execute_tool.stdin_for(args),
-                terminal=execute_tool.terminal_for(args),
-                confinement=confinement,
-            )
+            keeper = self.ctx.keeper
+            if keeper is not None:
+                # Held by the keeper, so that it outlives this agent (PROTOCOL.md 10.1).
+                handle = keeper.spawn(
+                    execute_tool.argv_for(args),
+                    execute_tool.cwd_for(args, self.ctx.workspace),
+                    execute_tool.env_for(args, self.ctx.base_env),
+                    stdin=execute_tool.stdin_for(args),
+                    terminal=execute_tool.terminal_for(args),
+                    confinement=confinement,
+                    keep=kept.KeepInfo(
+                        self.chat_id,
+                        call_id,
+                        msgspec.to_builtins(args),
+                        effect.started_at_ms,
+                        kill_after_ms=args.kill_after_ms,
+                        grace_ms=int(self.ctx.kill_grace_s * 1000),
+                    ),
+                )
+                proc = self.processes.add(call_id, args.command, handle, effect.started_at_ms)
+            else:
+                proc = self.processes.spawn(
+                    call_id,
+                    args.command,
+                    execute_tool.argv_for(args),
+                    execute_tool.cwd_for(args, self.ctx.workspace),
+                    execute_tool.env_for(args, self.ctx.base_env),
+                    effect.started_at_ms,
+                    stdin=execute_tool.stdin_for(args),
+                    terminal=execute_tool.terminal_for(args),
+                    confinement=confinement,
+                )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
             return
+        self._start(proc)
+        assert proc.handle.pid is not None
+        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
+
+    def hold_for_adoption(self, readopted: kept.Readopted) -> None:
+        """A restored call's process, found again at start: adopted when `Adopt` asks."""
+        self._adoptable[readopted.meta.call_id] = readopted
+
+    def adopt_process(self, effect: Adopt) -> None:
+        readopted = self._adoptable.pop(effect.call_id, None)
+        if readopted is None:
+            self._feed(ToolFailed(effect.call_id))
+            return
+        meta = readopted.meta
+        handle: processes.SpawnedProcess
+        if readopted.handle is not None:
+            handle = readopted.handle
+        else:
+            assert readopted.status is not None  # a process gone unrecorded is not adopted
+            handle = kept.RecordedProcess(meta.pid, readopted.status, readopted.path)
+        command = meta.args.get("command", "") if isinstance(meta.args, dict) else ""
+        proc = self.processes.add(
+            effect.call_id, command, handle, meta.started_at_ms, output=readopted.output
+        )
+        self._start(proc)
+        self._feed(Adopted(effect.call_id, meta.pid, runners.snapshot(proc)))
+
+    def release_kept(self, effect: ReleaseKept) -> None:
+        readopted = self._adoptable.pop(effect.call_id, None)
+        if readopted is None:
+            return
+        handle = readopted.handle
+        if handle is None:
+            if readopted.status is None:
+                kept.stop_orphan(readopted.meta)  # its keeper is gone; it may still run
+            keeper_store.remove(readopted.path)
+            return
+        if readopted.status is None:
+            handle.signal_group(signal.SIGKILL)  # nothing left running that no call answers for
+        handle.release()
+
+    def _start(self, proc: processes.ProcessRecord) -> None:
+        """The pump and the reaper of a process just listed."""
+        call_id = proc.process_id
         self._followers.spawned(call_id, proc)
         counter = observe.OutputCounter(self.ctx)
 
@@ -276,8 +351,6 @@ class ChatWork:
 
         self._spawn(self._pump, proc, on_output)
         self._spawn(self._reap, proc, on_output)
-        assert proc.handle.pid is not None
-        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
 
     async def _pump(
         self,
@@ -303,6 +376,12 @@ class ChatWork:
             # child may hold the pipe for long).
             processes.drain_available(proc, on_output)
             snapshot = runners.snapshot(proc)
+        except kept.KeeperLost:
+            # Its keeper was killed (10.1): nothing of the group runs on unseen, and the call
+            # ends `unknown` with the output read up to then (ChatState decides).
+            await _give_up(proc, self.processes)
+            self._feed(HolderGone(proc.process_id, runners.snapshot(proc)))
+            return
         except Exception:
             # Its exit can no longer be known: the call ends `unknown`, and the command is
             # given up (see `_give_up`).

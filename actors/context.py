@@ -18,6 +18,7 @@ from toolwire.actors.chat_state import MAX_IDS_PER_REQUEST, ChatConfig
 from toolwire.actors.command_env import command_environment
 from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.journal import Journal, MemoryJournal
+from toolwire.actors.kept import KeptProcessBackend
 from toolwire.actors.metrics import CallCounters
 from toolwire.actors.result_cache import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 from toolwire.actors.sandbox import Enforcement
@@ -118,6 +119,12 @@ class AgentContext:
     # SIGTERM, then SIGKILL after this grace (PROTOCOL.md 5.3: kill_grace_ms default 2000).
     kill_grace_s: float = 2.0
     backend: processes.ProcessBackend = field(default_factory=processes.RealProcessBackend)
+    # Where `execute` commands are held when they must outlive the agent (PROTOCOL.md 10.1,
+    # `toolwire serve` with a state dir): the keeper; None: the agent holds them (`backend`).
+    keeper: KeptProcessBackend | None = None
+    # `--on-shutdown keep`: a graceful shutdown leaves every command running for the next
+    # agent to re-adopt, instead of stopping them (10.1).
+    keep_on_shutdown: bool = False
     wall_ms: Callable[[], int] = wall_clock_ms
     # What every command's environment starts from: the agent's, without its secrets
     # (actors/command_env.py). `toolwire serve` also leaves out whatever holds its token.

@@ -178,6 +178,16 @@ class ProcessExited:
 
 
 @dataclass(frozen=True, slots=True)
+class HolderGone:
+    """The keeper holding the command (PROTOCOL.md 10.1) is gone while this agent runs: its
+    exit can no longer be learnt. The shell killed what was left of its group; `snapshot` has
+    the output read up to then."""
+
+    call_id: str
+    snapshot: ProcessSnapshot
+
+
+@dataclass(frozen=True, slots=True)
 class OutputClosed:
     """Nothing holds the command's output pipe any more (no member of its group is left
     that could still print)."""
@@ -268,11 +278,36 @@ class ResultsReadFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class KeptCall:
+    """What the keeper recorded of a record's command while no agent ran (PROTOCOL.md 10.1):
+    the `execute` args it was started with, and whether its process is still there to re-adopt
+    (`held`: running, or exited with its status recorded). One not held is gone unrecorded,
+    and `snapshot` is the output recorded up to then."""
+
+    args: object
+    held: bool
+    snapshot: ProcessSnapshot
+    # The keeper stopped its group when its kill_after_ms passed while no agent ran (9.2).
+    killed_after: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Restored:
-    """One record rebuilt from the journal after a restart."""
+    """One record rebuilt from the journal after a restart; `kept` when the keeper recorded
+    its command."""
 
     row: JournalRow
     touched_at: float
+    kept: KeptCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """The shell re-adopted a restored call's process (after `Adopt`)."""
+
+    call_id: str
+    pid: int
+    snapshot: ProcessSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +373,8 @@ Input = (
     | ResultsReadFailed
     | Restored
     | Recovered
+    | Adopted
+    | HolderGone
     | CloseDurable
     | CloseFailed
     | Shutdown
@@ -548,6 +585,23 @@ class Spawn:
 
 
 @dataclass(frozen=True, slots=True)
+class Adopt:
+    """Re-adopt the restored call's process from the keeper as if it had just been spawned:
+    feed `Adopted`, then `ProcessExited` and `OutputClosed` as for any spawn."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseKept:
+    """A restored call's process is not re-adopted (gone without a recorded exit, or its record
+    cannot take it back): the shell kills what is left of its group, if anything, and drops
+    what the keeper recorded of it."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopGroup:
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
@@ -637,6 +691,8 @@ Effect = (
     | RunTool
     | StopRun
     | Spawn
+    | Adopt
+    | ReleaseKept
     | StopGroup
     | WatchGroup
     | KillGroup

@@ -220,6 +220,40 @@ class OutputBuffer:
         self._total = 0
         self._closed = False
 
+    @classmethod
+    def restored(
+        cls,
+        head: bytes,
+        tail: bytes,
+        total: int,
+        *,
+        retention_bytes: int = DEFAULT_RETENTION_BYTES,
+        head_bytes: int = RUNNING_HEAD_BYTES,
+        result_bytes: int = DEFAULT_RESULT_BYTES,
+    ) -> OutputBuffer:
+        """A buffer holding what a recording kept of `total` bytes (PROTOCOL.md 10.1): its
+        first bytes `head` and its newest `tail` (ending at `total`), as `append` would have
+        kept them. Bytes of either beyond what this buffer retains are dropped."""
+        buffer = cls(
+            retention_bytes=retention_bytes, head_bytes=head_bytes, result_bytes=result_bytes
+        )
+        buffer.load_recorded(head, tail, total)
+        return buffer
+
+    def load_recorded(self, head: bytes, tail: bytes, total: int) -> None:
+        """Hold what a recording kept (see `restored`), in place of anything held."""
+        head = head[: min(self._head_limit, total)]
+        tail = tail[max(0, len(tail) - self._tail_limit) :]
+        tail_start = total - len(tail)
+        if tail_start < len(head):  # the ranges overlap: the head holds the start of the tail
+            tail = tail[len(head) - tail_start :]
+            tail_start = len(head)
+        self._head = bytearray(head)
+        self._tail = bytearray(tail)
+        self._tail_base = tail_start
+        self._tail_start = max(tail_start, len(head))
+        self._total = total
+
     # -- state ---------------------------------------------------------------------------------
 
     @property

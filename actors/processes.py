@@ -30,7 +30,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 import trio
 
@@ -39,7 +39,7 @@ from toolwire.actors.confined import ConfinedThreads
 from toolwire.actors.input_queue import InputQueue
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.sandbox import Confinement
-from toolwire.actors.spawn import PosixSpawner
+from toolwire.actors.spawn import PosixSpawner, pipe_above_stdio
 from toolwire.actors.terminal import TerminalSize
 
 # One pipe read. 64 KiB is Linux's default pipe capacity, so one read drains a full pipe, and it
@@ -137,6 +137,13 @@ class SpawnedProcess(Protocol):
 
     def close(self) -> None:
         """Release OS resources (pipe, pidfd). Idempotent."""
+
+
+@runtime_checkable
+class Releasable(Protocol):
+    """A process held elsewhere (by the keeper) that is told when it is forgotten."""
+
+    def release(self) -> None: ...
 
 
 class ProcessBackend(Protocol):
@@ -451,8 +458,8 @@ class RealProcessBackend:
             ).call
         if terminal is not None:
             return self._spawn_on_terminal(argv, cwd, env, terminal, run)
-        read_fd, write_fd = _pipe()
-        in_read, in_write = _pipe() if stdin else (None, None)
+        read_fd, write_fd = pipe_above_stdio()
+        in_read, in_write = pipe_above_stdio() if stdin else (None, None)
 
         def start() -> _Started:
             if self._spawner is not None:
@@ -520,21 +527,6 @@ class RealProcessBackend:
             # exec), so once it and its children close theirs, the master reads EIO: the end.
             os.close(term.slave)
         return _RealProcess(pid, term.master, popen, terminal=True)
-
-
-def _pipe() -> tuple[int, int]:
-    """An output pipe whose ends are >= 3 (close-on-exec, as os.pipe makes them): the child's
-    dup2 onto 1 and 2 must never overwrite the write end, even in an agent started with its
-    standard descriptors closed."""
-    read_fd, write_fd = os.pipe()
-    ends = []
-    for fd in (read_fd, write_fd):
-        if fd < 3:
-            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-            os.close(fd)
-            fd = moved
-        ends.append(fd)
-    return ends[0], ends[1]
 
 
 @dataclass(eq=False)
@@ -643,7 +635,19 @@ class ProcessTable:
             handle = self._backend.spawn(argv, cwd, env, stdin=stdin, terminal=terminal)
         else:
             handle = self._backend.spawn(argv, cwd, env)
-        buffer = OutputBuffer(
+        return self.add(process_id, command, handle, started_at_ms)
+
+    def add(
+        self,
+        process_id: str,
+        command: str,
+        handle: SpawnedProcess,
+        started_at_ms: int,
+        output: OutputBuffer | None = None,
+    ) -> ProcessRecord:
+        """List a process spawned elsewhere (by the keeper, actors/kept.py), with the output
+        recorded of it so far if it was re-adopted. The caller runs `pump` and `reap`."""
+        buffer = output or OutputBuffer(
             retention_bytes=self._retention_bytes, result_bytes=self._result_bytes
         )
         record = ProcessRecord(
@@ -663,10 +667,13 @@ class ProcessTable:
         return record
 
     def drop(self, process_id: str) -> None:
-        """Forget an exited process (ChatState decides when: `DropProcess`)."""
+        """Forget an exited process (ChatState decides when: `DropProcess`); a kept one's
+        keeper drops what it recorded of it as well (PROTOCOL.md 10.1)."""
         record = self._processes.get(process_id)
         if record is not None and not record.running:
             del self._processes[process_id]
+            if isinstance(record.handle, Releasable):
+                record.handle.release()
 
     def running(self) -> list[ProcessRecord]:
         return list(self._running.values())

@@ -34,6 +34,12 @@ TEXT_AGENT_FAILURE_BEFORE_RUN = (
     "tool call failed inside the agent before it ran; no changes were made"
 )
 TEXT_AGENT_RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
+# PROTOCOL.md 10.1: the keeper that held a running command died under a live agent (its exit
+# can no longer be learnt; what was left of its group was killed).
+TEXT_KEEPER_GONE = (
+    "the keeper holding the command was killed while it ran; the rest of its process group "
+    "was stopped and its outcome is unknown"
+)
 # PROTOCOL.md 9.3, 9.10: a call still running when the agent shut down gracefully.
 TEXT_SHUTDOWN = "the agent shut down while the tool call was running; it was stopped"
 

@@ -31,6 +31,7 @@ Needs glibc >= 2.34 or a C library with the same non-portable actions (`addchdir
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import sys
 from collections.abc import Mapping
@@ -195,3 +196,18 @@ class PosixSpawner:
 def _check(err: int) -> None:
     if err:
         raise OSError(err, os.strerror(err))
+
+
+def pipe_above_stdio() -> tuple[int, int]:
+    """An output pipe whose ends are >= 3 (close-on-exec, as os.pipe makes them): the child's
+    dup2 onto 1 and 2 must never overwrite the write end, even in an agent started with its
+    standard descriptors closed."""
+    read_fd, write_fd = os.pipe()
+    ends = []
+    for fd in (read_fd, write_fd):
+        if fd < 3:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            os.close(fd)
+            fd = moved
+        ends.append(fd)
+    return ends[0], ends[1]

@@ -20,8 +20,10 @@ from pathlib import Path
 import trio
 
 from toolwire.actors.agent import Agent, AgentContext
+from toolwire.actors.context import Limits
 from toolwire.actors.hidden_paths import NOTHING_HIDDEN, HiddenPaths
 from toolwire.actors.journal import CommitBatch, Journal, SqliteJournal, open_journal
+from toolwire.actors.kept import KeeperClient, KeptProcessBackend
 from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.transport.server import Server, ServerConfig
 
@@ -57,9 +59,15 @@ async def main(
         chosen = skipped_commits_journal(Path(state_dir) / "journal.sqlite3", sync)
     else:
         chosen = open_journal(journal, Path(state_dir) if state_dir else None, sync)
+    # As `toolwire serve`: with a state dir, the commands are held by the keeper (10.1).
+    keeper = None
+    if journal == "sqlite" and state_dir:
+        keeper = KeptProcessBackend(
+            KeeperClient.connect_or_start(state_dir), Limits().output_retention_bytes
+        )
     # As `toolwire serve` does: its state dir is kept from every tool (one readlink per read).
     hidden = HiddenPaths.of([state_dir]) if state_dir else NOTHING_HIDDEN
-    ctx = AgentContext(workspace=workspace, journal=chosen, hidden=hidden)
+    ctx = AgentContext(workspace=workspace, journal=chosen, keeper=keeper, hidden=hidden)
     if not metrics:
         ctx.metrics = None
     async with trio.open_nursery() as nursery:

@@ -128,6 +128,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="off: no command may open a TCP connection or listen, whatever its call asks",
     )
 
+    serve.add_argument(
+        "--on-shutdown",
+        choices=["stop", "keep"],
+        default="stop",
+        help="what SIGTERM does to running commands: stop them (default) or keep them running "
+        "for the next agent on this state dir to re-adopt (upgrades); docs/operations.md",
+    )
+
     call = sub.add_parser("call", help="run one tool call and stream its output")
     call.add_argument("tool", help="tool name, e.g. execute")
     call.add_argument("args_json", metavar="ARGS_JSON", help='e.g. \'{"command": "ls -la"}\'')
@@ -303,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             sync=args.sync,
             limits=limits,
             sandbox_floor=SandboxPolicy(args.sandbox, (), args.sandbox_network == "on"),
+            keep_on_shutdown=args.on_shutdown == "keep",
         )
         from toolwire.actors.journal import JournalError
 

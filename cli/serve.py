@@ -18,10 +18,12 @@ from toolwire.actors.command_env import command_environment
 from toolwire.actors.context import Limits
 from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.journal import JournalError, open_journal
+from toolwire.actors.kept import KeeperClient, KeptProcessBackend
 from toolwire.actors.loop_priority import favour_the_event_loop
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.sandbox import Enforcement
 from toolwire.actors.sandbox_policy import FULL, SandboxPolicy
+from toolwire.actors.spawn import PosixSpawner
 from toolwire.cli.agent_token import private_state_dir, resolve_token
 from toolwire.cli.private_process import forget_secrets, make_undumpable
 from toolwire.transport.server import Server, ServerConfig
@@ -52,6 +54,8 @@ class ServeOptions:
     limits: Limits = field(default_factory=Limits)
     # --sandbox / --sandbox-network: the floor of every call's sandbox (PROTOCOL.md 10.4).
     sandbox_floor: SandboxPolicy = FULL
+    # --on-shutdown keep: SIGTERM leaves the commands running for the next agent (10.1).
+    keep_on_shutdown: bool = False
 
 
 def default_state_dir() -> Path:
@@ -125,8 +129,20 @@ async def serve(options: ServeOptions) -> None:
             "read the state dir, token included; --sandbox workspace_write (or a call's own "
             "sandbox) keeps commands out of it"
         )
+    # The commands outlive the agent (PROTOCOL.md 10.1): a keeper in the state dir holds them,
+    # with the journal that says which call each belongs to. No journal, nothing to re-adopt
+    # them into: the agent holds them itself.
+    keeper = None
+    if options.journal != "memory":
+        if PosixSpawner.load() is None:
+            log.warning("this C library lacks posix_spawn's actions: commands die with the agent")
+        else:
+            client = KeeperClient.connect_or_start(str(state_dir))
+            keeper = KeptProcessBackend(client, options.limits.output_retention_bytes)
     ctx = AgentContext(
         workspace=str(workspace),
+        keeper=keeper,
+        keep_on_shutdown=options.keep_on_shutdown,
         approve_tools=options.approve,
         approval_timeout_s=options.approval_timeout_s,
         journal=journal,

@@ -33,6 +33,8 @@ from typing import Any
 from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.context import Limits
 from toolwire.actors.effects import (
+    Adopt,
+    Adopted,
     AlreadyExited,
     ApproveRequest,
     AttachRequest,
@@ -51,11 +53,13 @@ from toolwire.actors.effects import (
     GroupStopped,
     Input,
     InterruptRequest,
+    KeptCall,
     KillGroup,
     OutputClosed,
     ProcessExited,
     ProcessSnapshot,
     Publish,
+    ReleaseKept,
     RunTool,
     SendReplay,
     ShrinkOutput,
@@ -81,6 +85,7 @@ from toolwire.actors.events import (
     ResultEvent,
     TurnResultEvent,
 )
+from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
@@ -143,6 +148,9 @@ from toolwire.simulation.trace import (
 RUN_DEADLINE_S = 900.0
 RESULT_CACHE_SIZES = (0, 1, 3, 1024)
 _EPS = 1e-9
+# How often a crash takes the keeper with it (a reboot, the keeper killed too): its commands
+# are gone without a recorded exit (PROTOCOL.md 10.1).
+KEEPER_LOST = 0.2
 
 # Where the seed's chats say their files are (in memory: nothing on disk there).
 WORKSPACE = "/ws"
@@ -202,6 +210,10 @@ class Group:
         self.crashed = False
         self.exited_fed = False
         self.closed_fed = False
+        # The keeper (PROTOCOL.md 10.1): the agent forgot it (DropProcess, ReleaseKept), so
+        # no keeper holds it any more; the keeper stopped it at its kill_after_ms.
+        self.released = False
+        self.keeper_killed = False
 
     @property
     def shell_death(self) -> float:
@@ -285,6 +297,14 @@ class SeedWorld(World):
         self.interrupted = False
         self.denied: set[str] = set()
         self.lc = ChatLifecycle()  # its closes and shutdowns, for (s) and (x)
+        # The keeper (10.1): what it holds while no agent runs (call -> group), the calls whose
+        # command died with it (a reboot: gone unrecorded), those handed back as held this
+        # generation, and when the agent crashed.
+        self.kept: dict[str, Group] = {}
+        self.lost: set[str] = set()
+        self.held_calls: set[str] = set()
+        self.owed_at_boot: set[str] = set()  # held, and its call still running at the boot
+        self.crashed_at = 0.0
         super().__init__(
             config.journal_keeps_results,
             chat_id=chat.chat_id,
@@ -463,6 +483,15 @@ class SeedWorld(World):
             plan.args.get("kill_after_ms"),
             EPOCH_MS,
         )
+        kept_group = self.groups_model.get(call_id)
+        if call_id in self.owed_at_boot and kept_group is not None and kept_group.keeper_killed:
+            # 9.2 while no agent ran: the keeper stopped it at its hard deadline, and the
+            # result still owed says so.
+            require(
+                outcome is Outcome.TIMED_OUT,
+                "k.kill_after_untold",
+                f"{label} was stopped by its keeper at its kill_after_ms, and ended {outcome}",
+            )
         if outcome is Outcome.CANCELED:
             # A cancel, an interrupt, a close (9.6) or a shutdown (9.3, its text checked above).
             require(
@@ -502,6 +531,12 @@ class SeedWorld(World):
         elif outcome is Outcome.UNKNOWN:
             if result.text == TEXT_AGENT_RESTARTED:
                 require(self.sim.crashes > 0, "c.unknown_without_crash", f"{label} restarted?")
+                # 10.1: only a command gone without a recorded exit ends `unknown`.
+                require(
+                    call_id not in self.held_calls,
+                    "k.unknown_while_held",
+                    f"{label} ended unknown while its keeper held its process",
+                )
             elif result.text in (TEXT_AGENT_FAILURE, TEXT_AGENT_FAILURE_BEFORE_RUN):
                 injected = plan.fail is not None or (
                     plan.script is not None and plan.script.spawn_error == SPAWN_RAISES
@@ -629,6 +664,8 @@ class SeedWorld(World):
 
     def drop_process(self, effect: DropProcess) -> None:
         group = self.groups_model.get(effect.call_id)
+        if group is not None:
+            group.released = True  # the keeper drops it too
         require(
             group is None
             or (
@@ -760,18 +797,90 @@ class SeedWorld(World):
     # -- the agent dies ------------------------------------------------------------------------
 
     def crash(self) -> None:
+        """The agent dies. Its keeper holds its commands on (10.1), unless it dies with it (a
+        reboot, one crash in five): then they are gone without a recorded exit."""
         self.epoch += 1
         self.pending_writes.clear()
         self.inbox.clear()
-        for group in self.groups_model.values():
-            group.crashed = True
-            group.signal(self.now, "SIGKILL")
+        self.crashed_at = self.now
+        held = {c: g for c, g in self.groups_model.items() if not g.released}
+        if self.sim.keeper_rng.random() < KEEPER_LOST:
+            self.lost = set(held)
+            self.kept = {}
+            for group in self.groups_model.values():
+                group.crashed = True
+                group.signal(self.now, "SIGKILL")
+        else:
+            self.lost = set()
+            self.kept = held
 
     def boot(self) -> None:
         self.epoch += 1
+        for call_id, group in self.kept.items():
+            self._keeper_deadline(call_id, group)
+        self.held_calls = set()
+        self.owed_at_boot = set()
         self.restart()
+        # What no record claimed (its row never durable, or forgotten) is killed (agent.py's
+        # `_drop_unclaimed`): nothing runs on that no call answers for.
+        for group in self.kept.values():
+            if not group.released:
+                group.released = True
+                group.signal(self.now, "SIGKILL")
+        self.kept = {}
+        self.lost = set()
         if self.state.closed:
             self.lc.closed(self.now)  # its close survived the restart (9.6): still closed
+
+    def _keeper_deadline(self, call_id: str, group: Group) -> None:
+        """The keeper enforces a `kill_after_ms` that passes while no agent is connected (9.2,
+        10.1): SIGTERM to the group then, SIGKILL after the grace (a kill under way goes on
+        after the next agent connected)."""
+        plan = self.sim.calls.get((self.chat_id, call_id))
+        kill_after_ms = plan.args.get("kill_after_ms") if plan is not None else None
+        if not isinstance(kill_after_ms, int) or not kill_after_ms:
+            return
+        at = max(group.started + kill_after_ms / 1000, self.crashed_at)
+        if at >= self.now or not group.alive(at):
+            return
+        group.signal(at, "SIGTERM")
+        group.keeper_killed = True
+        kill_at = at + self.config.kill_grace_s
+        if kill_at <= self.now:
+            group.signal(kill_at, "SIGKILL")
+        else:
+            self.later(kill_at - self.now, lambda: self.signal(call_id, group, "SIGKILL"))
+
+    def kept_for(self, row: JournalRow) -> KeptCall | None:
+        # The keeper recorded the `execute` args with the process (the row may not hold them).
+        plan = self.sim.calls.get((self.chat_id, row.call_id))
+        args = plan.args if plan is not None else row.args
+        group = self.kept.get(row.call_id)
+        if group is not None and row.tool == "execute":
+            self.held_calls.add(row.call_id)
+            if row.state == "running":
+                self.owed_at_boot.add(row.call_id)
+            snapshot = group.snapshot(row.call_id, self.now)
+            return KeptCall(args, True, snapshot, killed_after=group.keeper_killed)
+        if row.call_id in self.lost and row.tool == "execute":
+            return KeptCall(args, False, _gone(row.call_id))
+        return None
+
+    def adopt(self, effect: Adopt) -> None:
+        """The keeper hands the process back: the same process (it never runs twice), its
+        exit and its output's end told to this generation when they come."""
+        group = self.kept.pop(effect.call_id)
+        group.exited_fed = group.closed_fed = False
+        self.groups_model[effect.call_id] = group
+        self.sim.trace.add(EFFECT, self.now, self.generation, self.chat_id, effect.call_id, "adopt")
+        self.inbox.append(Adopted(effect.call_id, 4242, group.snapshot(effect.call_id, self.now)))
+        self._track(effect.call_id, group)
+
+    def release_kept(self, effect: ReleaseKept) -> None:
+        group = self.kept.pop(effect.call_id, None)
+        if group is not None:
+            group.released = True
+            group.signal(self.now, "SIGKILL")
 
 
 def _gone(call_id: str) -> ProcessSnapshot:
@@ -1254,6 +1363,7 @@ class PureSim:
         self.trace = Trace()
         self.files = Files(plan.files)
         self.crashes = 0
+        self.keeper_rng = random.Random(f"{plan.seed}/keeper")
         self.down = False
         self.shutdowns = Shutdowns()
         self.deferred: list[str] = []  # faults that came while the agent stopped

@@ -21,6 +21,7 @@ from typing import Any
 
 from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
+    Adopt,
     AlreadyExited,
     AttachRequest,
     CallEnded,
@@ -48,6 +49,7 @@ from toolwire.actors.effects import (
     JournalReopen,
     JournalTouch,
     JournalWrite,
+    KeptCall,
     KillAfter,
     KillGroup,
     MarkTimedOut,
@@ -57,6 +59,7 @@ from toolwire.actors.effects import (
     Publish,
     ReadBack,
     Recovered,
+    ReleaseKept,
     Restored,
     ResultsRead,
     ResultsReadFailed,
@@ -379,6 +382,10 @@ class World:
                 self.shrink_output(effect)
             elif isinstance(effect, DropProcess):
                 self.drop_process(effect)
+            elif isinstance(effect, Adopt):
+                self.adopt(effect)
+            elif isinstance(effect, ReleaseKept):
+                self.release_kept(effect)
             elif isinstance(effect, CallEnded | MarkTimedOut):
                 pass
             else:  # pragma: no cover - a new effect the machine must learn
@@ -519,6 +526,17 @@ class World:
         )
         assert proc is not None
         proc.shrunk = True
+
+    def kept_for(self, row: JournalRow) -> KeptCall | None:
+        """What the keeper held of a row's command at a restart (PROTOCOL.md 10.1): nothing in
+        this World (its commands die with the agent); pure_seed.SeedWorld models the keeper."""
+        return None
+
+    def adopt(self, effect: Adopt) -> None:
+        raise AssertionError(f"nothing was kept to adopt: {effect!r}")  # pragma: no cover
+
+    def release_kept(self, effect: ReleaseKept) -> None:
+        raise AssertionError(f"nothing was kept to release: {effect!r}")  # pragma: no cover
 
     def shutdown_done(self) -> None:
         """The chat's part of a shutdown is over (the agent then makes the journal durable)."""
@@ -764,7 +782,7 @@ class World:
         self.new_state()
         rows = sorted(self.committed.values(), key=lambda row: row.touched_at_ms)
         for row in rows:
-            self.request(Restored(row, self.now - 1.0))
+            self.request(Restored(row, self.now - 1.0, self.kept_for(row)))
         approvals = set(self.approvals)
         if approvals or self.closed_row:
             self.request(Recovered(tuple(sorted(approvals)), self.closed_row))

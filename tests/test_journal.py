@@ -177,9 +177,12 @@ async def kill9(process: trio.Process) -> None:
     await process.wait()
 
 
-async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_again(
+async def test_kill9_while_running_the_call_is_re_adopted_and_never_runs_again(
     tmp_path: Path,
 ) -> None:
+    """PROTOCOL.md 10.1: the command outlives the agent; after the restart the call is still
+    running (a repeat subscribes to it), a cancel stops it and saves `canceled`, and it never
+    ran twice. (A command whose keeper is gone too ends `unknown`: tests/test_keeper.py.)"""
     marker = "runs.txt"
     command = f"echo ran >> {marker}; echo $$ > shell.pid; echo started; sleep 300"
     args = {"command": command}
@@ -189,27 +192,25 @@ async def test_kill9_while_running_the_call_comes_back_unknown_and_never_runs_ag
                              "args": args})  # fmt: skip
             await conn.recv_until(lambda m: m["type"] == "output" and "started" in m["data"])
         await kill9(server.process)
-    orphan = int((tmp_path / "ws" / "shell.pid").read_text())
+    shell = int((tmp_path / "ws" / "shell.pid").read_text())
     try:
         async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
             assert "1 records recovered" in server.stderr_path.read_text()
-            repeat = await conn.call("c", "long", "execute", args)
-            assert repeat["outcome"] == "unknown"
-            assert repeat["text"] == TEXT_AGENT_RESTARTED
-            assert repeat["started_at"] is not None
-            accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
-            assert accepted["replay"] is True and accepted["state"] == "done"
+            await conn.send({"type": "call", "chat_id": "c", "call_id": "long", "tool": "execute",
+                             "args": args})  # fmt: skip
+            got = await conn.recv_until(lambda m: m["type"] == "output")
+            accepted = [m for m in got if m["type"] == "accepted"][-1]
+            assert accepted["replay"] is True and accepted["state"] == "running"
+            assert got[-1]["offset"] == 0 and got[-1]["data"] == "started\n"
             await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["long"], "rid": 1})
             cancel = await conn.recv_until(lambda m: m["type"] == "cancel_result")
+            result = cancel[-1]["result"]
             assert cancel[-1]["received"] is True
-            assert cancel[-1]["result"] == {k: v for k, v in repeat.items()
-                                            if k not in ("type", "chat_id", "call_id")}  # fmt: skip
-            await conn.send({"type": "attach", "chat_id": "c", "call_id": "long"})
-            attached = await conn.recv_until(is_result("long"))
-            assert attached[-1] == repeat
+            assert result["outcome"] == "canceled" and result["output"] == "started\n"
         assert (tmp_path / "ws" / marker).read_text() == "ran\n"  # it never ran again
     finally:
-        os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sync", ["full", "normal"])
@@ -341,14 +342,19 @@ async def test_kill9_while_a_read_only_call_runs_a_repeat_runs_it_anew(tmp_path:
         await kill9(server.process)
     try:
         async with serve(tmp_path) as server, connect(server.url, state_token(tmp_path)) as conn:
+            # The background process was re-adopted (PROTOCOL.md 10.1): stopped here, so the
+            # read that runs anew ends at once with its exit.
+            stop = {"process_id": "bg", "signal": "SIGKILL"}
+            assert (await conn.call("c", "kill", "process_signal", stop))["outcome"] == "completed"
             repeat = await conn.call("c", "w", "process_output", wait)
             accepted = [m for m in conn.seen if m["type"] == "accepted"][-1]
             assert accepted["replay"] is False  # a new call: nothing of it survived
-            # The process was the dead agent's (not adopted): the read says so; it is not
-            # told `unknown` as a call that may have had an effect would be.
-            assert repeat["type"] == "result" and repeat["outcome"] != "unknown"
+            # It is not told `unknown` as a call that may have had an effect would be.
+            assert repeat["type"] == "result" and repeat["outcome"] == "completed"
+            assert repeat["data"]["running"] is False
     finally:
-        os.killpg(orphan, signal.SIGKILL)  # the crashed agent's process group is not ours
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(orphan, signal.SIGKILL)
 
 
 def test_a_corrupt_journal_stops_serve_with_the_file_named(tmp_path: Path) -> None:

@@ -45,7 +45,11 @@ async def _environments(url: str, token: str) -> str:
 
 def _assert_no_token_and_ordinary_variables_kept(output: str, agent_pid: int) -> None:
     own, _agents, fds = output.split("---\n")
-    assert f"parent={agent_pid}\n" in own  # the environ read below is the agent's own
+    # The environ read below is that of what holds the command: the keeper the agent started
+    # (PROTOCOL.md 10.1; it was started with the agent's environment less its secrets).
+    parent = int(own.split("parent=", 1)[1].split("\n", 1)[0])
+    holder = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+    assert parent == agent_pid or b"toolwire.actors.keeper" in holder, holder
     assert "TOOLWIRE_TEST_KEPT=an-ordinary-variable" in own  # the environment is passed on
     assert TOKEN not in output
     assert "TOOLWIRE_TOKEN" not in own

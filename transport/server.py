@@ -384,7 +384,9 @@ class Session:
             encoding=self.codec.encoding,
             tools=self.agent.tools,
             limits=protocol.Limits(**limits, sandbox=protocol.SandboxLimits(**enforceable)),
-            features=list(protocol.FEATURES) + (["sandbox"] if any(enforceable.values()) else []),
+            features=list(protocol.FEATURES)
+            + (["sandbox"] if any(enforceable.values()) else [])
+            + (["keeps_commands"] if self.agent.ctx.keeper is not None else []),
         )
         try:
             await self.ws.send_message(self.codec.encode(welcome))

@@ -1,0 +1,731 @@
+"""The keeper: the process that holds an agent's commands so that they outlive the agent
+(PROTOCOL.md 10.1, docs/durability.md). One per state dir, started by the first agent that
+needs it, in a session of its own; `python -m toolwire.actors.keeper KEEPER_DIR`.
+
+Why one per agent (docs/architecture.md, "The keeper", has the figures): a Python keeper per
+command would cost ~10 MiB and tens of milliseconds per `execute`; one keeper costs that once,
+and each process it holds costs a few kilobytes of it. A keeper's death costs exactly the
+processes it holds, which are all of them: it does as little as it can (no trio, one
+`selectors` loop; no thread but the sandbox's spawners and the one that makes spare files
+ahead of the spawns, keeper_store.SpareFiles), so that it has little to fail on.
+
+What it does for each command, and nothing it was not asked for by its agent:
+- spawns it (it is the parent: only a parent learns a process's exit status), in a process
+  group of its own, with posix_spawn (actors/spawn.py), confined by the agent's ruleset on a
+  confined thread of its own where the call has a sandbox (actors/confined.py): the agent
+  decides the policy, the keeper applies it;
+- reads its output and records it in `keeper_store` under 5.2's retention, always, then
+  forwards each read to the agent on a socket of that process (the agent reads it as it read
+  the pipe before). While no agent holds that socket the output is only recorded;
+- reaps it, records its exit status, and tells the agent, after every byte printed before
+  the exit was forwarded (the result carries everything the command wrote before it exited);
+- holds its stdin pipe's write end or its terminal's master, so that a restarted agent can
+  still type into it; the agent writes through its own copy, and an `eof` is a request here.
+
+The control channel is a SOCK_SEQPACKET unix socket in the keeper's directory, which is mode
+0700, and a peer of another user is refused (SO_PEERCRED). Same user is not enough: a command
+the agent started under a sandbox runs as that user too, and Landlock does not govern
+connecting to a unix socket by its path, so a confined command could otherwise ask the keeper
+for an unconfined spawn. So a connection counts only once its first message proves it knows
+the directory's secret (`SECRET_NAME`, 0600, made by the agent; a sandboxed command cannot
+read the state dir, actors/hidden_paths.py); anything else first, and it is closed, the
+agent's connection untouched. One agent at a time: a new connection that proved itself
+replaces the old one (an agent killed with -9 may not have been seen to go yet).
+The keeper exits once no agent is connected and no process it holds runs or prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hmac
+import logging
+import os
+import resource
+import secrets
+import select
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from toolwire.actors import keeper_store, landlock
+from toolwire.actors import terminal as terminals
+from toolwire.actors.confined import ConfinedThreads
+from toolwire.actors.spawn import PosixSpawner, pipe_above_stdio
+
+log = logging.getLogger("toolwire.keeper")
+
+SOCKET_NAME: Final = "keeper.sock"
+# The secret a connection's first message must carry (hex; made by the first agent, 0600).
+SECRET_NAME: Final = "secret"
+# Messages on the control socket are small (a spawn's env is the largest: a few KiB).
+MAX_MESSAGE_BYTES: Final = 1024 * 1024
+READ_CHUNK_BYTES: Final = 64 * 1024
+BULK_PIPE_BYTES: Final = 256 * 1024
+# The socket a process's output is forwarded on: room for a fast producer's reads.
+FORWARD_BUFFER_BYTES: Final = 1024 * 1024
+# A keeper nobody connects to (its agent died before it connected) does not wait forever.
+FIRST_CONNECT_WAIT_S: Final = 30.0
+# How long a new keeper waits for one that is exiting to be gone.
+LOCK_WAIT_S: Final = 5.0
+
+_PR_SET_DUMPABLE: Final = 4
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+_handler = Callable[[int], None]
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(eq=False)
+class Held:
+    """One process the keeper holds."""
+
+    key: str
+    pid: int
+    pidfd: int
+    read_fd: int | None  # output pipe, or the terminal's master
+    input_fd: int | None  # stdin pipe's write end, or the terminal's master
+    terminal: bool
+    recording: keeper_store.Recording | None = None  # made right after the spawn's reply
+    forward: socket.socket | None = None  # the agent's output socket for this process
+    backlog: bytearray = field(default_factory=bytearray)
+    status: tuple[int | None, str | None] | None = None
+    exit_sent: bool = True  # only an agent that holds the process is told of its exit
+    read_bytes: int = READ_CHUNK_BYTES
+    grown: bool = False
+    grown_socket: bool = False
+    reading: bool = False  # its output is registered with the selector
+    # Re-adopted, until the agent read the recording: nothing is read meanwhile, so the file
+    # holds exactly the bytes before the new socket's first.
+    paused: bool = False
+    # Its hard deadline (PROTOCOL.md 9.2), enforced here while no agent is connected: the
+    # wall-clock ms it passes at (from the FIRST start) and the grace between TERM and KILL.
+    kill_at_ms: int | None = None
+    grace_s: float = 2.0
+    kill_due: float | None = None  # monotonic time of the SIGKILL once the SIGTERM went
+    killed_after: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None and self.read_fd is None
+
+
+class Keeper:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.procs_dir = keeper_store.procs_dir(directory)
+        os.makedirs(self.procs_dir, mode=0o700, exist_ok=True)
+        _drop_stale_spares(self.procs_dir)
+        self.spares = keeper_store.SpareFiles(self.procs_dir)
+        self.selector = selectors.DefaultSelector()
+        self.held: dict[str, Held] = {}
+        # Those of `held` with a hard deadline not yet enforced (few, usually none).
+        self.deadlines: dict[str, Held] = {}
+        self.conn: socket.socket | None = None
+        self.secret = read_secret(directory)
+        # Connections that have not proved they know the secret yet.
+        self.pending: set[socket.socket] = set()
+        self.ever_connected = False
+        # What is done once the reply went out: the agent need not wait for the disk.
+        self.after_reply: list[Callable[[], None]] = []
+        self.spawner = PosixSpawner.load()
+        self.confined = ConfinedThreads()
+        path = os.path.join(directory, SOCKET_NAME)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a keeper that held the lock before this one is gone
+        listener.bind(path)
+        listener.listen(4)
+        listener.setblocking(False)
+        self.listener = listener
+        self.selector.register(listener, selectors.EVENT_READ, self._accept)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while True:
+            idle = self.conn is None and all(h.done for h in self.held.values())
+            if idle and (self.ever_connected or time.monotonic() - started > FIRST_CONNECT_WAIT_S):
+                return
+            timeout = self._enforce_deadlines() if self.deadlines else 1.0
+            for selected, mask in self.selector.select(timeout=timeout):
+                handler: Callable[[int], None] = selected.data
+                handler(mask)
+
+    def _enforce_deadlines(self) -> float:
+        """A hard deadline that passes while no agent is connected (9.2, 10.1): the group gets
+        SIGTERM, then SIGKILL after the grace, as the agent would have done; the record says
+        so. With an agent connected the agent enforces it (a kill under way goes on). Returns
+        how long the loop may wait before the next step is due."""
+        wait = 1.0
+        now_ms, now = wall_ms(), time.monotonic()
+        for held in list(self.deadlines.values()):
+            if held.kill_due is not None:
+                if now >= held.kill_due:
+                    with contextlib.suppress(OSError):
+                        os.killpg(held.pid, signal.SIGKILL)
+                    del self.deadlines[held.key]
+                else:
+                    wait = min(wait, held.kill_due - now)
+                continue
+            if self.conn is not None:
+                continue
+            assert held.kill_at_ms is not None
+            if now_ms < held.kill_at_ms:
+                wait = min(wait, (held.kill_at_ms - now_ms) / 1000)
+                continue
+            try:
+                os.killpg(held.pid, signal.SIGTERM)
+            except OSError:
+                del self.deadlines[held.key]  # no member left: nothing to stop
+                continue
+            held.killed_after = True
+            if held.recording is not None:
+                held.recording.write_killed_after()
+            held.kill_due = now + held.grace_s
+            wait = min(wait, held.grace_s)
+        return max(wait, 0.0)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.spares.close()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.directory, SOCKET_NAME))
+
+    # -- the agent's connection -----------------------------------------------------------------
+
+    def _accept(self, _mask: int) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            conn.close()  # only the agent's own user (the directory is 0700 as well)
+            return
+        conn.setblocking(False)
+        self.pending.add(conn)
+        self.selector.register(conn, selectors.EVENT_READ, lambda _mask: self._on_pending(conn))
+
+    def _on_pending(self, conn: socket.socket) -> None:
+        """A new connection's first message: a `ping` with the secret makes it the agent's
+        connection; anything else (or nothing) closes it, and the agent's stays."""
+        try:
+            data = conn.recv(MAX_MESSAGE_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self.pending.discard(conn)
+        self.selector.unregister(conn)
+        try:
+            message = _decoder.decode(data) if data else None
+        except Exception:
+            message = None
+        given = message.get("secret") if isinstance(message, dict) else None
+        if (
+            not isinstance(given, str)
+            or message is None
+            or message.get("op") != "ping"
+            or not hmac.compare_digest(given.encode(), self.secret.encode())
+        ):
+            conn.close()
+            return
+        if self.conn is not None:
+            self._drop_conn()
+        self.conn = conn
+        self.ever_connected = True
+        self.selector.register(conn, selectors.EVENT_READ, self._on_conn)
+        self._tell({"rid": message.get("rid")})
+
+    def _drop_conn(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        self.selector.unregister(conn)
+        conn.close()
+        # Its output sockets die with it (the agent held their other ends): only recorded now.
+        for held in self.held.values():
+            self._stop_forwarding(held)
+            held.exit_sent = True
+
+    def _on_conn(self, _mask: int) -> None:
+        conn = self.conn
+        assert conn is not None
+        while True:
+            try:
+                data = conn.recv(MAX_MESSAGE_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._drop_conn()
+                return
+            message: dict[str, Any] = _decoder.decode(data)
+            reply, fds = self._handle(message)
+            if reply is not None:
+                self._tell(reply, fds)
+            for fd in fds:
+                os.close(fd)  # the agent holds its own copies now (or the send failed)
+            after, self.after_reply = self.after_reply, []
+            for action in after:
+                action()
+
+    def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        data = _encoder.encode(message)
+        for attempt in range(2):
+            try:
+                if fds:
+                    socket.send_fds(conn, [data], fds)
+                else:
+                    conn.send(data)
+                return
+            except BlockingIOError:
+                if attempt:
+                    break
+                # Replies are small and the agent reads them at once: a full socket is an
+                # agent that stopped reading; it gets one wait.
+                _wait_writable(conn, 5.0)
+            except OSError:
+                break
+        self._drop_conn()
+
+    def _handle(self, message: dict[str, Any]) -> tuple[dict[str, Any] | None, list[int]]:
+        op = message.get("op")
+        rid = message.get("rid")
+        if op == "spawn":
+            return self._spawn(message)
+        if op == "adopt":
+            return self._adopt(message)
+        held = self.held.get(message.get("key", ""))
+        if op == "close_stdin" and held is not None:
+            if held.input_fd is not None and not held.terminal:
+                os.close(held.input_fd)
+                held.input_fd = None
+        elif op == "release":
+            if held is not None and held.done:
+                self._forget(held)
+        elif op == "resume" and held is not None and held.paused:
+            held.paused = False
+            self._drain(held)
+            self._update_reading(held)
+            self._maybe_tell_exit(held)
+        elif op == "ping":
+            return {"rid": rid}, []
+        return None, []
+
+    # -- spawning -------------------------------------------------------------------------------
+
+    def _spawn(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        rid = message["rid"]
+        key: str = message["key"]
+        if self.spawner is None:
+            return {"rid": rid, "errno": errno.ENOSYS, "error": "no posix_spawn"}, []
+        if key in self.held or not _plain_name(key):
+            return {"rid": rid, "errno": errno.EEXIST, "error": "already held"}, []
+        argv: list[str] = message["argv"]
+        cwd: str = message["cwd"]
+        env: dict[str, str] = message["env"]
+        rows, cols = message.get("rows"), message.get("cols")
+        terminal = rows is not None and cols is not None
+        ruleset = message.get("ruleset")
+        run: Callable[[Callable[[], int]], int] = _run_here
+        if ruleset is not None:
+            abi, handled_fs, handled_net, scoped, rule_list = ruleset
+            rules = landlock.Ruleset(
+                abi, handled_fs, handled_net, scoped, tuple((p, r) for p, r in rule_list)
+            )
+            run = self.confined.thread_for(rules, refuse_tcp=bool(message.get("refuse_tcp"))).call
+        meta = keeper_store.Meta(**message["meta"])
+        kill_after_ms = message.get("kill_after_ms")
+        spawner = self.spawner
+        to_close: list[int] = []
+        input_fd: int | None
+        try:
+            if rows is not None and cols is not None:
+                term = terminals.open_terminal(terminals.TerminalSize(int(rows), int(cols)))
+                to_close.append(term.master)
+                try:
+                    pid = run(
+                        lambda: spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
+                    )
+                finally:
+                    os.close(term.slave)
+                read_fd, input_fd = term.master, term.master
+            else:
+                read_fd, write_fd = pipe_above_stdio()
+                to_close += [read_fd, write_fd]
+                in_read, in_write = pipe_above_stdio() if message.get("stdin") else (None, None)
+                to_close += [fd for fd in (in_read, in_write) if fd is not None]
+                pid = run(lambda: spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read))
+                os.close(write_fd)
+                if in_read is not None:
+                    os.close(in_read)
+                read_fd, input_fd = read_fd, in_write
+        except (OSError, ValueError) as exc:
+            for fd in to_close:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EINVAL
+            text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return {"rid": rid, "errno": code, "error": text}, []
+        meta.pid = pid
+        meta.terminal = terminal
+        os.set_blocking(read_fd, False)
+        held = Held(
+            key=key,
+            pid=pid,
+            pidfd=os.pidfd_open(pid),
+            read_fd=read_fd,
+            input_fd=input_fd,
+            terminal=terminal,
+        )
+        if kill_after_ms:
+            held.kill_at_ms = meta.started_at_ms + int(kill_after_ms)
+            held.grace_s = float(message.get("grace_ms", 2000)) / 1000
+            self.deadlines[key] = held
+        self.held[key] = held
+        fds, names = self._attach(held)
+
+        def record() -> None:
+            # Before the loop reads anything of it: its first byte goes into this file.
+            path, fd = self.spares.take()
+            held.recording = keeper_store.Recording(path, meta, fd)
+            self.selector.register(held.pidfd, selectors.EVENT_READ, lambda _m: self._on_exit(held))
+            self._update_reading(held)
+
+        self.after_reply.append(record)
+        return {"rid": rid, "pid": pid, "fds": names}, fds
+
+    def _attach(self, held: Held) -> tuple[list[int], list[str]]:
+        """A new output socket for the agent, and the agent's copies of what it needs to watch
+        the process and type into it: the descriptors to send, and what each is."""
+        self._stop_forwarding(held)
+        fds: list[int] = []
+        names: list[str] = []
+        if held.read_fd is not None:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            mine.setblocking(False)
+            held.forward = mine
+            fds.append(theirs.detach())
+            names.append("out")
+        fds.append(os.dup(held.pidfd))
+        names.append("pidfd")
+        if held.input_fd is not None:
+            fds.append(os.dup(held.input_fd))
+            names.append("input")
+        held.exit_sent = held.status is not None  # an exit after this is told
+        return fds, names
+
+    def _adopt(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        rid = message["rid"]
+        held = self.held.get(message["key"])
+        if held is None:
+            return {"rid": rid, "held": False}, []
+        fds, names = self._attach(held)
+        held.paused = True  # until the agent read the recording ("resume")
+        self._update_reading(held)
+        status = held.status
+        reply = {
+            "rid": rid,
+            "held": True,
+            "pid": held.pid,
+            "total": held.recording.total if held.recording is not None else 0,
+            "fds": names,
+            "exit": list(status) if status is not None else None,
+            "killed_after": held.killed_after,
+        }
+        return reply, fds
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def _on_output(self, held: Held) -> None:
+        fd = held.read_fd
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, held.read_bytes)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EIO, errno.EBADF):
+                data = b""  # a terminal nobody holds: the end of its output
+            else:
+                raise
+        if not data:
+            self._output_ended(held)
+            return
+        if len(data) == held.read_bytes and not held.grown:
+            self._grow(held, fd)
+        self._record(held, data)
+
+    def _grow(self, held: Held, fd: int) -> None:
+        held.grown = True
+        try:
+            size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+            if size < BULK_PIPE_BYTES:
+                size = fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, BULK_PIPE_BYTES)
+        except OSError:
+            return
+        held.read_bytes = max(held.read_bytes, size)
+
+    def _record(self, held: Held, data: bytes) -> None:
+        assert held.recording is not None
+        held.recording.append(data)
+        sock = held.forward
+        if sock is None:
+            return
+        if held.backlog:
+            held.backlog += data
+            return
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._stop_forwarding(held)
+            return
+        if sent < len(data):
+            if not held.grown_socket:
+                # A fast producer: room for more of it in flight (only such processes pay
+                # for it; on a unix socket the sender's buffer is what counts).
+                held.grown_socket = True
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FORWARD_BUFFER_BYTES)
+            # Stop reading until the agent took it: the agent's pace is the process's, as it
+            # was when the agent read the pipe itself.
+            held.backlog += memoryview(data)[sent:]
+            self._update_reading(held)
+            self.selector.register(sock, selectors.EVENT_WRITE, lambda _m: self._flush(held))
+
+    def _flush(self, held: Held) -> None:
+        sock = held.forward
+        if sock is None:
+            return
+        try:
+            sent = sock.send(held.backlog)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._stop_forwarding(held)
+            self._after_flush(held)
+            return
+        del held.backlog[:sent]
+        if not held.backlog:
+            self.selector.unregister(sock)
+            self._update_reading(held)
+            self._after_flush(held)
+
+    def _after_flush(self, held: Held) -> None:
+        if held.read_fd is None and held.forward is not None:
+            self._close_forward(held)
+        self._maybe_tell_exit(held)
+
+    def _stop_forwarding(self, held: Held) -> None:
+        sock, held.forward = held.forward, None
+        if sock is None:
+            return
+        if held.backlog:
+            self.selector.unregister(sock)
+            held.backlog.clear()
+            self._update_reading(held)
+        sock.close()
+
+    def _update_reading(self, held: Held) -> None:
+        want = held.read_fd is not None and not held.backlog and not held.paused
+        if want == held.reading:
+            return
+        held.reading = want
+        if want:
+            assert held.read_fd is not None
+            self.selector.register(
+                held.read_fd, selectors.EVENT_READ, lambda _m: self._on_output(held)
+            )
+        else:
+            assert held.read_fd is not None
+            self.selector.unregister(held.read_fd)
+
+    def _close_forward(self, held: Held) -> None:
+        sock, held.forward = held.forward, None
+        if sock is not None:
+            sock.close()  # the agent reads the end of the output after the last byte
+
+    def _output_ended(self, held: Held) -> None:
+        fd = held.read_fd
+        if fd is None:
+            return
+        if held.reading:  # unregistered while its descriptor is still open
+            self.selector.unregister(fd)
+            held.reading = False
+        held.read_fd = None
+        if not held.terminal or held.input_fd is None:
+            os.close(fd)
+        if not held.backlog:
+            self._close_forward(held)
+        if held.terminal and held.input_fd is not None:
+            # The master is also the terminal's input: nothing can be typed once its output
+            # ended (no process holds the slave), so it goes.
+            os.close(held.input_fd)
+            held.input_fd = None
+
+    def _drain(self, held: Held) -> None:
+        """What the pipe holds right now, recorded and queued for the agent (at most a pipe's
+        worth): a process's exit is told only after what it wrote before it."""
+        while held.read_fd is not None:
+            try:
+                data = os.read(held.read_fd, held.read_bytes)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EIO, errno.EBADF):
+                    return
+                raise
+            if not data:
+                self._output_ended(held)
+                return
+            self._record(held, data)
+
+    # -- exits ----------------------------------------------------------------------------------
+
+    def _on_exit(self, held: Held) -> None:
+        try:
+            pid, status = os.waitpid(held.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = held.pid, 0xFF00  # cannot happen to a child of ours: exit 255
+        if pid == 0:
+            return
+        self.selector.unregister(held.pidfd)
+        signum = 0
+        if os.WIFSIGNALED(status):
+            signum = os.WTERMSIG(status)
+            held.status = (None, keeper_store.signal_name(signum))
+        else:
+            held.status = (os.waitstatus_to_exitcode(status), None)
+        if not held.paused:
+            self._drain(held)
+        assert held.recording is not None
+        held.recording.write_exit(held.status[0], signum, wall_ms(), killed_after=held.killed_after)
+        self._maybe_tell_exit(held)
+
+    def _maybe_tell_exit(self, held: Held) -> None:
+        if held.status is None or held.exit_sent or held.backlog or held.paused:
+            return
+        held.exit_sent = True
+        code, sig = held.status
+        self._tell({"ev": "exit", "key": held.key, "code": code, "signal": sig})
+
+    def _forget(self, held: Held) -> None:
+        del self.held[held.key]
+        self.deadlines.pop(held.key, None)
+        self._stop_forwarding(held)
+        if held.input_fd is not None:
+            os.close(held.input_fd)
+        os.close(held.pidfd)
+        if held.recording is not None:
+            self.spares.give_back(held.recording.path, held.recording.detach())
+
+
+def _wait_writable(sock: socket.socket, timeout_s: float) -> None:
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    poller.poll(timeout_s * 1000)
+
+
+def _drop_stale_spares(procs_dir: str) -> None:
+    """Files of an earlier keeper that hold no record (its spares, or a record it was making):
+    nobody can read anything from them. Records stay, for the agents that re-adopt them."""
+    for name in os.listdir(procs_dir):
+        path = os.path.join(procs_dir, name)
+        if not keeper_store.is_record(path):
+            keeper_store.remove(path)
+
+
+def _plain_name(key: str) -> bool:
+    """A key names a file of the keeper's directory, never a path elsewhere."""
+    return bool(key) and key not in (".", "..") and "/" not in key and "\0" not in key
+
+
+def _run_here(start: Callable[[], int]) -> int:
+    return start()
+
+
+def read_secret(directory: str) -> str:
+    """The directory's secret, made (0600, 256 bits) if it has none yet. Raises OSError."""
+    path = os.path.join(directory, SECRET_NAME)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    made = secrets.token_hex(32)
+    try:
+        os.write(fd, made.encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m toolwire.actors.keeper KEEPER_DIR", file=sys.stderr)
+        return 2
+    # Ctrl-C at the agent's terminal must not reach the commands' keeper (it has a session of
+    # its own as well); SIGTERM still ends it, as the administrator asks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # As the agent (cli/private_process.py): its descriptors (every command's input) and its
+    # memory are not for the commands of its user to take through /proc or ptrace.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s keeper %(message)s")
+    # One keeper per state dir: a second one waits until the first has gone (it is exiting:
+    # an agent connects to whichever listens), or leaves it be.
+    os.makedirs(args[0], mode=0o700, exist_ok=True)
+    lock = os.open(
+        os.path.join(args[0], "keeper.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+    )
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return 0
+            time.sleep(0.01)
+    # Four descriptors per process held (output, pidfd, recording, the agent's socket): the
+    # usual soft limit of 1,024 would hold only ~250 commands.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    keeper = Keeper(args[0])
+    try:
+        keeper.run()
+    finally:
+        keeper.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""What the keeper records of each process it holds, on disk in the state dir (PROTOCOL.md
+10.1): read by the keeper that writes it, and by an agent that finds a process whose keeper is
+gone. No trio: the keeper is a plain process, and the agent reads these files once, at start.
+
+One file per process, `<state>/keeper/p/<key>`, made once at its spawn:
+- a header: the magic, the count of every output byte ever recorded (8 bytes, little endian),
+  the exit status once the keeper reaped the shell (a fixed 32-byte slot, written in one
+  `pwrite` inside the first page, so a reader sees all of it or none), then what the agent told
+  the keeper when it asked for the spawn (`Meta`: chat, call, the `execute` args, the first
+  start's wall time, msgpack);
+- the output under 5.2's retention: the first `head_bytes` bytes, then a ring of
+  `retention_bytes - head_bytes` bytes holding the newest ones. At most the header plus
+  `retention_bytes`, however much is printed.
+A file created costs ~90 us on the ext4 this was measured on, and 300 us to 1 ms when the
+machine is busy (a directory ~120 us more, a rename or an unlink as much again): more than the
+rest of a spawn. So no spawn creates or deletes one. The keeper takes a spare file made ahead
+by a thread of its own (`SpareFiles`) and writes the header in one `pwrite`; a forgotten
+process's file goes back to the spares, its magic zeroed first so that no reader takes it for a
+record. A file's name is therefore a slot's, not the call's: a reader finds the call in the
+meta (`key_for(meta.chat_id, meta.call_id)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import secrets
+import signal
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from toolwire.actors.output import RUNNING_HEAD_BYTES
+
+MAGIC: Final = b"TWKEEP1\0"
+_COUNT = struct.Struct("<Q")
+# exited, has a code, stopped at its kill_after_ms by the keeper, code, signal number, at_ms
+_EXIT = struct.Struct("<BBBxiiQ8x")
+_KILLED_AFTER_AT: Final = 2  # the flag's byte in the slot (set on its own, before the exit)
+_META_LEN = struct.Struct("<I")
+# Spare files the keeper keeps made ahead: more than a burst of spawns takes between two
+# refills (the thread makes one in ~0.1-1 ms).
+SPARE_FILES: Final = 16
+# The thread makes more only once fewer than this are left: a spawn and a release one after
+# the other take a spare and give it back, and no file is made or deleted for them.
+SPARE_LOW_WATER: Final = 8
+COUNT_AT: Final = len(MAGIC)
+EXIT_AT: Final = COUNT_AT + _COUNT.size
+META_AT: Final = EXIT_AT + _EXIT.size + _META_LEN.size
+
+
+def key_for(chat_id: str, call_id: str) -> str:
+    """The file name of a call's process: fixed length, no path characters, whatever the
+    ids hold."""
+    digest = hashlib.sha256(chat_id.encode() + b"\0" + call_id.encode())
+    return digest.hexdigest()[:32]
+
+
+def procs_dir(keeper_dir: str) -> str:
+    return os.path.join(keeper_dir, "p")
+
+
+class Meta(msgspec.Struct, kw_only=True):
+    """What the agent asked for: enough for a restarted agent to rebuild the call."""
+
+    chat_id: str
+    call_id: str
+    args: Any  # the `execute` args as the call gave them (msgpack of the wire's JSON)
+    started_at_ms: int
+    retention_bytes: int
+    head_bytes: int = RUNNING_HEAD_BYTES
+    pid: int = 0
+    terminal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExitRecord:
+    exit_code: int | None
+    signal: str | None
+    at_ms: int
+    killed_after: bool = False  # the keeper stopped it at its kill_after_ms (PROTOCOL.md 9.2)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A recording as read back: the head and tail ranges and the count of all bytes."""
+
+    head: bytes
+    tail: bytes
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFile:
+    """One process's file, read back whole."""
+
+    meta: Meta
+    exit: ExitRecord | None
+    output: Recorded
+
+
+def _data_at(meta_len: int) -> int:
+    return (META_AT + meta_len + 7) // 8 * 8
+
+
+class Recording:
+    """The file of one process, written by its keeper as it reads the process's output."""
+
+    def __init__(self, path: str, meta: Meta, fd: int | None = None) -> None:
+        """A new record of `meta` in `path`, or in `fd` (a spare file of that path: what it
+        held before is overwritten or beyond the count, so never read)."""
+        self.path = path
+        self._head = min(meta.head_bytes, meta.retention_bytes)
+        self._ring = meta.retention_bytes - self._head
+        self.total = 0
+        encoded = msgspec.msgpack.encode(meta)
+        self._base = _data_at(len(encoded))
+        if fd is None:
+            fd = _create(path)
+        self._fd = fd
+        header = bytearray(self._base)
+        header[: len(MAGIC)] = MAGIC
+        _META_LEN.pack_into(header, EXIT_AT + _EXIT.size, len(encoded))
+        header[META_AT : META_AT + len(encoded)] = encoded
+        os.pwrite(self._fd, header, 0)
+
+    def append(self, data: bytes) -> None:
+        view = memoryview(data)
+        offset = self.total
+        if offset < self._head:
+            part = view[: self._head - offset]
+            os.pwrite(self._fd, part, self._base + offset)
+            offset += part.nbytes
+            view = view[part.nbytes :]
+        if view.nbytes and self._ring:
+            if view.nbytes > self._ring:  # only the newest bytes of it are retained
+                offset += view.nbytes - self._ring
+                view = view[view.nbytes - self._ring :]
+            while view.nbytes:
+                at = (offset - self._head) % self._ring
+                part = view[: self._ring - at]
+                os.pwrite(self._fd, part, self._base + self._head + at)
+                offset += part.nbytes
+                view = view[part.nbytes :]
+        self.total += len(data)
+        os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
+
+    def write_exit(
+        self, exit_code: int | None, signum: int, at_ms: int, *, killed_after: bool = False
+    ) -> None:
+        code = 0 if exit_code is None else exit_code
+        slot = _EXIT.pack(1, exit_code is not None, killed_after, code, signum, at_ms)
+        os.pwrite(self._fd, slot, EXIT_AT)
+
+    def write_killed_after(self) -> None:
+        """The keeper stopped the group at its kill_after_ms (its exit comes later)."""
+        os.pwrite(self._fd, b"\1", EXIT_AT + _KILLED_AFTER_AT)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def detach(self) -> int:
+        """The file's descriptor, which this recording no longer writes to."""
+        fd, self._fd = self._fd, -1
+        return fd
+
+
+def _create(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+
+
+class SpareFiles:
+    """Files made ahead of the spawns that take them, by a thread of their own (see the module
+    docstring): `take` never waits for the disk unless a burst emptied the spares."""
+
+    def __init__(self, directory: str, target: int = SPARE_FILES) -> None:
+        self._directory = directory
+        self._target = target
+        self._spares: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+        self._count = 0  # spares made or given back, less those taken (the thread's guide)
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._closed = threading.Event()
+        self._wanted.set()
+        threading.Thread(target=self._refill, name="spare-files", daemon=True).start()
+
+    def _new(self) -> tuple[str, int]:
+        path = os.path.join(self._directory, "s" + secrets.token_hex(8))
+        return path, _create(path)
+
+    def _refill(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            while not self._closed.is_set():
+                with self._lock:
+                    if self._count >= self._target:
+                        break
+                    self._count += 1
+                try:
+                    spare = self._new()
+                    if self._closed.is_set():  # made while the keeper ended: not left behind
+                        os.close(spare[1])
+                        remove(spare[0])
+                        return
+                    self._spares.put(spare)
+                except OSError:
+                    with self._lock:
+                        self._count -= 1
+                    break  # the disk refuses: `take` makes one itself and says why
+            if self._closed.is_set():
+                return
+
+    def take(self) -> tuple[str, int]:
+        """A spare file: its path and a descriptor open for reading and writing."""
+        try:
+            spare = self._spares.get_nowait()
+        except queue.Empty:
+            spare = None
+        if spare is not None:
+            with self._lock:
+                self._count -= 1
+                low = self._count < SPARE_LOW_WATER
+            if low:
+                self._wanted.set()
+            return spare
+        self._wanted.set()
+        return self._new()
+
+    def give_back(self, path: str, fd: int) -> None:
+        """A forgotten process's file: a spare again (its magic zeroed at once, so no reader
+        takes it for a record), or deleted when there are spares enough."""
+        try:
+            os.pwrite(fd, bytes(len(MAGIC)), 0)
+        except OSError:
+            os.close(fd)
+            remove(path)
+            return
+        with self._lock:
+            keep = self._count < self._target and not self._closed.is_set()
+            if keep:
+                self._count += 1
+        if keep:
+            self._spares.put((path, fd))
+        else:
+            os.close(fd)
+            remove(path)
+
+    def close(self) -> None:
+        """Delete every spare (at the keeper's end; the thread makes no more)."""
+        self._closed.set()
+        self._wanted.set()
+        while True:
+            try:
+                path, fd = self._spares.get_nowait()
+            except queue.Empty:
+                return
+            os.close(fd)
+            remove(path)
+
+
+def is_record(path: str) -> bool:
+    """The file holds a record (its magic), not a spare or a record being made."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def read_meta(path: str) -> Meta | None:
+    """A record's meta only (its header), without its output; None if it is no record."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(META_AT)
+            if len(header) < META_AT or not header.startswith(MAGIC):
+                return None
+            (meta_len,) = _META_LEN.unpack_from(header, EXIT_AT + _EXIT.size)
+            return msgspec.msgpack.decode(file.read(meta_len), type=Meta)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def read_process_file(path: str) -> ProcessFile | None:
+    """A process's file, or None when it is not one whole (a spawn that never happened)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError:
+        return None
+    if len(data) < META_AT or not data.startswith(MAGIC):
+        return None
+    (meta_len,) = _META_LEN.unpack_from(data, EXIT_AT + _EXIT.size)
+    try:
+        meta = msgspec.msgpack.decode(data[META_AT : META_AT + meta_len], type=Meta)
+    except msgspec.DecodeError:
+        return None
+    exited, has_code, killed_after, code, signum, at_ms = _EXIT.unpack_from(data, EXIT_AT)
+    record = None
+    if exited:
+        record = ExitRecord(
+            code if has_code else None,
+            None if has_code else signal_name(signum),
+            at_ms,
+            bool(killed_after),
+        )
+    (total,) = _COUNT.unpack_from(data, COUNT_AT)
+    body = data[_data_at(meta_len) :]
+    return ProcessFile(meta, record, _retained(body, total, meta.retention_bytes, meta.head_bytes))
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def _retained(body: bytes, total: int, retention_bytes: int, head_bytes: int) -> Recorded:
+    head_limit = min(head_bytes, retention_bytes)
+    ring = retention_bytes - head_limit
+    head = body[: min(total, head_limit)]
+    if total <= head_limit or ring == 0:
+        return Recorded(head, b"", total)
+    pieces = []
+    offset = max(head_limit, total - ring)
+    while offset < total:
+        at = (offset - head_limit) % ring
+        take = min(ring - at, total - offset)
+        pieces.append(body[head_limit + at : head_limit + at + take])
+        offset += take
+    return Recorded(head, b"".join(pieces), total)
+
+
+def remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

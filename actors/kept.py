@@ -1,0 +1,719 @@
+"""The agent's side of the keeper (actors/keeper.py): commands spawned by it, and re-adopted
+from it after a restart (PROTOCOL.md 10.1).
+
+`KeptProcessBackend` is the `ProcessBackend` of `toolwire serve` with a state dir: each spawn
+is one request to the keeper on its control socket (the keeper spawns, exactly as the agent
+did, and hands back its own end of a socket the process's output is forwarded on, a pidfd and
+the process's input). The request blocks the loop as the spawn itself did before (a spawn is
+a few hundred microseconds either way), so `ProcessBackend.spawn` stays synchronous and every
+caller of it unchanged. A `KeptProcess` then behaves as a process the agent spawned itself:
+its output is read from that socket as it was from the pipe, its stdin is written through the
+agent's copy, its group signalled with killpg; only its exit comes from the keeper (its parent),
+after everything the command wrote before it.
+
+`readopt` runs at start, before any request is taken: every process directory the keeper
+recorded is found again, its process handed back by the keeper if it still holds it, and its
+recorded output read from the state dir.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from toolwire.actors import keeper_store
+from toolwire.actors import terminal as terminals
+from toolwire.actors.keeper import SOCKET_NAME, read_secret
+from toolwire.actors.output import OutputBuffer
+from toolwire.actors.processes import ExitStatus, InputClosed, has_live_member
+from toolwire.actors.sandbox import Confinement
+from toolwire.actors.terminal import TerminalSize
+
+log = logging.getLogger("toolwire.keeper")
+
+# How long a request to the keeper may take before the agent gives up on it (a spawn takes
+# well under a millisecond; a keeper that does not answer in this long is stuck or gone).
+REQUEST_TIMEOUT_S: Final = 5.0
+# How long a new keeper may take to listen (a Python start: tens of milliseconds).
+START_TIMEOUT_S: Final = 10.0
+READ_BYTES: Final = 256 * 1024
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class KeeperLost(Exception):
+    """The keeper is gone: the exit of what it held can no longer be learnt."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeepInfo:
+    """What the keeper records of a command beside its output: enough for a restarted agent
+    to rebuild the call (the `execute` args as the wire gave them)."""
+
+    chat_id: str
+    call_id: str
+    args: Any
+    started_at_ms: int
+    # Its hard deadline (9.2), which the keeper enforces while no agent is connected.
+    kill_after_ms: int | None = None
+    grace_ms: int = 2000
+
+
+class KeeperClient:
+    """The control socket to the keeper, from the agent's event loop thread."""
+
+    def __init__(self, keeper_dir: str, sock: socket.socket, child: subprocess.Popen[bytes] | None):
+        self.keeper_dir = keeper_dir
+        self._sock = sock
+        self._child = child  # the keeper, when this agent started it (reaped if it dies)
+        self._rid = 0
+        self._handles: dict[str, KeptProcess] = {}
+        self.lost = False
+
+    @classmethod
+    def connect_or_start(cls, state_dir: str) -> KeeperClient:
+        """Connect to the state dir's keeper, starting one if none listens."""
+        keeper_dir = os.path.join(state_dir, "keeper")
+        os.makedirs(keeper_dir, mode=0o700, exist_ok=True)
+        os.chmod(keeper_dir, 0o700)  # the control socket is reachable only by this user
+        # What proves this is the agent (actors/keeper.py, SECRET_NAME), before any keeper runs.
+        hello = {"op": "ping", "secret": read_secret(keeper_dir)}
+        path = os.path.join(keeper_dir, SOCKET_NAME)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            sock = _connect(path)
+            if sock is not None:
+                client = cls(keeper_dir, sock, None)
+                try:
+                    client.request(dict(hello))  # a keeper that was exiting answers none
+                    return client
+                except OSError:
+                    sock.close()
+            if time.monotonic() > deadline:
+                raise OSError(errno.ECONNREFUSED, f"no keeper answers in {keeper_dir}")
+            child = _start_keeper(keeper_dir)
+            sock = None
+            while sock is None and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+                sock = _connect(path)
+            if sock is not None:
+                client = cls(keeper_dir, sock, child)
+                try:
+                    client.request(dict(hello))
+                    return client
+                except OSError:
+                    sock.close()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.lost:
+            return
+        try:
+            self._sock.send(_encoder.encode(message))
+        except BlockingIOError:
+            self._blocking_send(_encoder.encode(message))
+        except OSError:
+            self._lose()
+
+    def _blocking_send(self, data: bytes) -> None:
+        poller = select.poll()
+        poller.register(self._sock, select.POLLOUT)
+        poller.poll(REQUEST_TIMEOUT_S * 1000)
+        try:
+            self._sock.send(data)
+        except OSError:
+            self._lose()
+
+    def request(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        """Send `message` and wait (blocking) for its reply and the descriptors it carries;
+        the keeper's events that come first are handled on the way. OSError if the keeper is
+        gone or does not answer."""
+        if self.lost:
+            raise OSError(errno.ENOTCONN, "the keeper is gone")
+        self._rid += 1
+        rid = message["rid"] = self._rid
+        self.send(message)
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        while not self.lost:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 20, 16)
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                poller.poll(left * 1000)
+                continue
+            except OSError:
+                self._lose()
+                break
+            if not data:
+                self._lose()
+                break
+            reply: dict[str, Any] = _decoder.decode(data)
+            if reply.get("rid") == rid:
+                return reply, fds
+            for fd in fds:
+                os.close(fd)
+            self._dispatch(reply)
+        raise OSError(errno.ETIMEDOUT if not self.lost else errno.ENOTCONN, "the keeper is gone")
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read the keeper's events (exits) until it goes; then every process it held is
+        lost (its exit can no longer be known)."""
+        while not self.lost:
+            try:
+                await trio.lowlevel.wait_readable(self._sock)
+            except trio.ClosedResourceError:
+                return
+            while not self.lost:
+                try:
+                    data = self._sock.recv(1 << 20)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._lose()
+                    break
+                self._dispatch(_decoder.decode(data))
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        if event.get("ev") == "exit":
+            handle = self._handles.get(event["key"])
+            if handle is not None:
+                handle.exit_told(ExitStatus(event["code"], event["signal"]))
+
+    def _lose(self) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        log.error("the keeper is gone: the commands it held are lost")
+        for handle in list(self._handles.values()):
+            handle.keeper_lost()
+        if self._child is not None:
+            self._child.poll()
+
+    def register(self, key: str, handle: KeptProcess) -> None:
+        self._handles[key] = handle
+
+    def unregister(self, key: str, handle: KeptProcess) -> None:
+        if self._handles.get(key) is handle:
+            del self._handles[key]
+
+    def close(self) -> None:
+        """Leave the keeper (at a shutdown that keeps the commands, or at the end): it goes on
+        holding and recording what runs."""
+        self.lost = True
+        trio.lowlevel.notify_closing(self._sock)
+        self._sock.close()
+
+
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    sock.setblocking(False)
+    return sock
+
+
+def _start_keeper(keeper_dir: str) -> subprocess.Popen[bytes]:
+    """A keeper for `keeper_dir`, in a session of its own: not in the agent's process group,
+    so neither a Ctrl-C at the agent's terminal nor a killpg of the agent's group reaches it."""
+    with open(os.path.join(keeper_dir, "keeper.log"), "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, "-m", "toolwire.actors.keeper", keeper_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+class _KeptPipePort:
+    """The agent's copy of the write end of a kept command's stdin pipe. An `eof` closes it
+    here and asks the keeper to close its own, so the command reads the end of its input."""
+
+    terminal = False
+
+    def __init__(self, process: KeptProcess, fd: int) -> None:
+        self._process = process
+        self._fd: int | None = fd
+
+    def write_some(self, data: memoryview) -> int:
+        fd = self._fd
+        if fd is None:
+            raise InputClosed
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise InputClosed from exc
+
+    async def wait_room(self) -> None:
+        fd = self._fd
+        if fd is None:
+            raise InputClosed
+        try:
+            await trio.lowlevel.wait_writable(fd)
+        except trio.ClosedResourceError:
+            raise InputClosed from None
+
+    def end(self) -> bytes:
+        self.close()
+        self._process.close_stdin()
+        return b""
+
+    def resize(self, size: TerminalSize) -> None:
+        raise ValueError("a pipe has no size")
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+
+class _KeptTerminalPort:
+    """The agent's copy of a kept command's terminal master: input, EOF character, size."""
+
+    terminal = True
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def _open(self) -> int:
+        if self._fd is None:
+            raise InputClosed
+        return self._fd
+
+    def write_some(self, data: memoryview) -> int:
+        try:
+            return os.write(self._open(), data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise InputClosed from exc
+
+    async def wait_room(self) -> None:
+        try:
+            await trio.lowlevel.wait_writable(self._open())
+        except trio.ClosedResourceError:
+            raise InputClosed from None
+
+    def end(self) -> bytes:
+        return terminals.eof_char(self._open())
+
+    def resize(self, size: TerminalSize) -> None:
+        try:
+            terminals.set_size(self._open(), size)
+        except OSError as exc:
+            raise InputClosed from exc
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+
+class KeptProcess:
+    """A command held by the keeper, as the chat actor sees it (`processes.SpawnedProcess`)."""
+
+    def __init__(
+        self,
+        client: KeeperClient,
+        key: str,
+        pid: int,
+        fds: dict[str, int],
+        *,
+        terminal: bool,
+        status: ExitStatus | None = None,
+    ) -> None:
+        self._client = client
+        self.key = key
+        self.pid: int | None = pid
+        self._out: int | None = fds.get("out")
+        if self._out is not None:
+            os.set_blocking(self._out, False)
+        self._pidfd: int | None = fds.get("pidfd")
+        self._status = status
+        self._lost = False
+        self._exited = trio.Event()
+        if status is not None:
+            self._exited.set()
+        self._terminal = terminal
+        input_fd = fds.get("input")
+        self.stdin: _KeptPipePort | _KeptTerminalPort | None = None
+        if input_fd is not None:
+            os.set_blocking(input_fd, False)
+            self.stdin = _KeptTerminalPort(input_fd) if terminal else _KeptPipePort(self, input_fd)
+        client.register(key, self)
+
+    # -- what the keeper tells ------------------------------------------------------------------
+
+    def exit_told(self, status: ExitStatus) -> None:
+        if self._status is None:
+            self._status = status
+        self._exited.set()
+
+    def keeper_lost(self) -> None:
+        self._lost = True
+        self._exited.set()
+
+    def close_stdin(self) -> None:
+        self._client.send({"op": "close_stdin", "key": self.key})
+
+    # -- SpawnedProcess -------------------------------------------------------------------------
+
+    async def read_some(self) -> bytes:
+        while True:
+            fd = self._out
+            if fd is None:
+                return b""
+            try:
+                data = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                except trio.ClosedResourceError:
+                    return b""
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.ECONNRESET):
+                    return b""
+                raise
+            if not data and self._terminal and self.stdin is not None:
+                # The terminal's output ended: nothing can be typed into it any more.
+                self.stdin.close()
+            return data
+
+    def read_available(self) -> bytes:
+        pieces: list[bytes] = []
+        while self._out is not None:
+            try:
+                piece = os.read(self._out, READ_BYTES)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.ECONNRESET:
+                    break
+                raise
+            if not piece:
+                break
+            pieces.append(piece)
+        return b"".join(pieces)
+
+    async def wait(self) -> ExitStatus:
+        await self._exited.wait()
+        if self._status is None:
+            raise KeeperLost(f"the keeper holding process {self.pid} is gone")
+        return self._status
+
+    def poll_exited(self) -> bool:
+        if self._status is not None or self._lost:
+            return True
+        fd = self._pidfd
+        if fd is None:
+            return False
+        # A pidfd is readable once its process exited (a zombie not yet reaped included).
+        return bool(select.select([fd], [], [], 0)[0])
+
+    def signal_group(self, sig: signal.Signals) -> bool:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def group_alive(self) -> bool:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return has_live_member(self.pid)
+
+    def close(self) -> None:
+        """Release the agent's copies (its output ended and its exit is known); the keeper
+        keeps its record until the process is forgotten (`release`)."""
+        if self.stdin is not None:
+            self.stdin.close()
+        for name in ("_out", "_pidfd"):
+            fd: int | None = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                trio.lowlevel.notify_closing(fd)
+                os.close(fd)
+
+    def release(self) -> None:
+        """The process is forgotten (its listing expired): the keeper drops its files."""
+        self.close()
+        self._client.unregister(self.key, self)
+        self._client.send({"op": "release", "key": self.key})
+
+
+class KeptProcessBackend:
+    """`ProcessBackend` whose commands the keeper holds (see the module docstring)."""
+
+    def __init__(self, client: KeeperClient, retention_bytes: int) -> None:
+        self.client = client
+        self._retention_bytes = retention_bytes
+        # Where a new keeper's event reader runs (the agent's nursery, set by `Agent.run`).
+        self.nursery: trio.Nursery | None = None
+
+    def _live_client(self) -> KeeperClient:
+        """The keeper, or a new one if it was killed under this agent: the commands it held
+        are lost (their calls end `unknown`), the next ones are held by its successor."""
+        client = self.client
+        if client.lost and self.nursery is not None:
+            client = KeeperClient.connect_or_start(os.path.dirname(client.keeper_dir))
+            self.client = client
+            self.nursery.start_soon(client.run)
+        return client
+
+    def spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        *,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
+        keep: KeepInfo | None = None,
+    ) -> KeptProcess:
+        if keep is None:
+            raise ValueError("a kept command needs its chat and call")
+        key = keeper_store.key_for(keep.chat_id, keep.call_id)
+        message: dict[str, Any] = {
+            "op": "spawn",
+            "key": key,
+            "argv": argv,
+            "cwd": cwd,
+            "env": dict(env),
+            "stdin": stdin,
+            "meta": {
+                "chat_id": keep.chat_id,
+                "call_id": keep.call_id,
+                "args": keep.args,
+                "started_at_ms": keep.started_at_ms,
+                "retention_bytes": self._retention_bytes,
+            },
+        }
+        if keep.kill_after_ms:
+            message["kill_after_ms"] = keep.kill_after_ms
+            message["grace_ms"] = keep.grace_ms
+        if terminal is not None:
+            message["rows"], message["cols"] = terminal.rows, terminal.cols
+        if confinement is not None:
+            rules = confinement.ruleset
+            message["ruleset"] = [
+                rules.abi,
+                rules.handled_fs,
+                rules.handled_net,
+                rules.scoped,
+                [list(rule) for rule in rules.rules],
+            ]
+            message["refuse_tcp"] = confinement.refuse_tcp
+        client = self._live_client()
+        reply, fds = client.request(message)
+        if "pid" not in reply:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
+        return KeptProcess(
+            client,
+            key,
+            reply["pid"],
+            dict(zip(reply["fds"], fds, strict=True)),
+            terminal=terminal is not None,
+        )
+
+
+@dataclass(eq=False, slots=True)
+class Readopted:
+    """A process the keeper recorded before this agent started: held still (`handle`), or
+    gone (`handle` None), with its exit status if one was recorded and its retained output."""
+
+    meta: keeper_store.Meta
+    handle: KeptProcess | None
+    status: ExitStatus | None
+    output: OutputBuffer
+    exited_at_ms: int | None
+    path: str
+    # The keeper stopped its group at its kill_after_ms while no agent ran (9.2, 10.1).
+    killed_after: bool = False
+
+
+def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> list[Readopted]:
+    """Every process recorded in the keeper's directory, found again (at start, before any
+    request is taken): the keeper hands back what it still holds, and what it no longer holds
+    is what its files say (an exit status, or none: gone unrecorded)."""
+    found: list[Readopted] = []
+    base = keeper_store.procs_dir(client.keeper_dir)
+    try:
+        names = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return found
+    for name in names:
+        path = os.path.join(base, name)
+        # A spare file (keeper_store.SpareFiles) holds no record: the keeper's, left alone.
+        header = keeper_store.read_meta(path)
+        if header is None:
+            continue
+        key = keeper_store.key_for(header.chat_id, header.call_id)
+        # Asked before the file is read, so that nothing is recorded between the keeper's
+        # count and the read (the keeper reads none of that process's output until `resume`).
+        try:
+            reply, fds = client.request({"op": "adopt", "key": key})
+        except OSError:
+            reply, fds = {"held": False}, []
+        recorded = keeper_store.read_process_file(path)
+        if recorded is None:
+            for fd in fds:
+                os.close(fd)
+            continue
+        meta = recorded.meta
+        handle: KeptProcess | None = None
+        status: ExitStatus | None = None
+        total = recorded.output.total
+        killed_after = recorded.exit is not None and recorded.exit.killed_after
+        if reply.get("held"):
+            killed_after = bool(reply.get("killed_after"))
+            exit_ = reply.get("exit")
+            if exit_ is not None:
+                status = ExitStatus(exit_[0], exit_[1])
+            handle = KeptProcess(
+                client,
+                key,
+                reply["pid"],
+                dict(zip(reply["fds"], fds, strict=True)),
+                terminal=meta.terminal,
+                status=status,
+            )
+            total = reply["total"]
+            client.send({"op": "resume", "key": key})  # forwarding starts after `total`
+        elif recorded.exit is not None:
+            status = ExitStatus(recorded.exit.exit_code, recorded.exit.signal)
+        output = OutputBuffer.restored(
+            recorded.output.head,
+            recorded.output.tail,
+            total,
+            retention_bytes=retention_bytes,
+            head_bytes=min(meta.head_bytes, retention_bytes),
+            result_bytes=result_bytes,
+        )
+        found.append(
+            Readopted(
+                meta=meta,
+                handle=handle,
+                status=status,
+                output=output,
+                exited_at_ms=recorded.exit.at_ms if recorded.exit is not None else None,
+                path=path,
+                killed_after=killed_after,
+            )
+        )
+    return found
+
+
+def stop_orphan(meta: keeper_store.Meta) -> bool:
+    """Kill the group of a process whose keeper is gone without its exit recorded (it may
+    still run, its output going nowhere): nothing runs on that no call answers for. Only if
+    `meta.pid` still leads a group that started no earlier than the call did (a recycled pid
+    is left alone). True if a signal went."""
+    pid = meta.pid
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as file:
+            boot_s = next(int(line.split()[1]) for line in file if line.startswith(b"btime"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return False
+    pgrp, start_ticks = int(fields[2]), int(fields[19])
+    started_ms = (boot_s + start_ticks / os.sysconf("SC_CLK_TCK")) * 1000
+    # btime is whole seconds and the tick 10 ms: a margin of two seconds either way.
+    if pgrp != pid or started_ms < meta.started_at_ms - 2000:
+        return False
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
+class RecordedProcess:
+    """A process whose keeper recorded its exit and is gone since (it exited too, its work
+    done): what is left of it is its record, for its call's real result (10.1)."""
+
+    stdin = None
+
+    def __init__(self, pid: int, status: ExitStatus, path: str) -> None:
+        self.pid: int | None = pid
+        self._status = status
+        self._path = path
+
+    async def read_some(self) -> bytes:
+        return b""  # its recorded output is the buffer it was re-adopted with
+
+    def read_available(self) -> bytes:
+        return b""
+
+    async def wait(self) -> ExitStatus:
+        return self._status
+
+    def poll_exited(self) -> bool:
+        return True
+
+    def signal_group(self, sig: signal.Signals) -> bool:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def group_alive(self) -> bool:
+        assert self.pid is not None
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return has_live_member(self.pid)
+
+    def close(self) -> None:
+        pass
+
+    def release(self) -> None:
+        keeper_store.remove(self._path)

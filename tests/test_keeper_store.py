@@ -1,0 +1,112 @@
+"""The keeper's record of a process (actors/keeper_store.py) and the output buffer a restarted
+agent rebuilds from it (`OutputBuffer.restored`): what was printed while no agent ran is read
+back exactly as an agent that had read it all along would hold it (PROTOCOL.md 10.1, 5.2)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolwire.actors import keeper_store
+from toolwire.actors.output import OutputBuffer
+
+RETENTION = 4096
+HEAD = 1024
+
+chunks = st.lists(st.binary(min_size=1, max_size=3 * RETENTION), max_size=12)
+
+
+def _meta(**extra: object) -> keeper_store.Meta:
+    return keeper_store.Meta(
+        chat_id="c", call_id="k", args={"command": "x"}, started_at_ms=1,
+        retention_bytes=RETENTION, head_bytes=HEAD, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _record(pieces: list[bytes]) -> keeper_store.ProcessFile:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _record_in(Path(tmp), pieces)
+
+
+def _record_in(tmp: Path, pieces: list[bytes]) -> keeper_store.ProcessFile:
+    path = str(tmp / "p")
+    recording = keeper_store.Recording(path, _meta())
+    for piece in pieces:
+        recording.append(piece)
+    recording.close()
+    read = keeper_store.read_process_file(path)
+    assert read is not None
+    return read
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=chunks)
+def test_a_recording_keeps_the_first_and_the_newest_bytes(pieces: list[bytes]) -> None:
+    whole = b"".join(pieces)
+    read = _record(pieces)
+    assert read.meta == _meta()
+    assert read.exit is None
+    assert read.output.total == len(whole)
+    assert read.output.head == whole[:HEAD]
+    assert read.output.tail == whole[max(HEAD, len(whole) - (RETENTION - HEAD)) :]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=chunks)
+def test_a_restored_buffer_reads_as_the_buffer_that_saw_every_byte(pieces: list[bytes]) -> None:
+    live = OutputBuffer(retention_bytes=RETENTION, head_bytes=HEAD)
+    for piece in pieces:
+        live.append(piece)
+    read = _record(pieces)
+    restored = OutputBuffer.restored(
+        read.output.head,
+        read.output.tail,
+        read.output.total,
+        retention_bytes=RETENTION,
+        head_bytes=HEAD,
+    )
+    # From every offset a reader could ask for, the same bytes at the same offsets.
+    assert restored.total == live.total
+    for offset in range(0, live.total + 1, 97):
+        want = live.read(offset, 1 << 20, final_at=live.total)
+        got = restored.read(offset, 1 << 20, final_at=restored.total)
+        if want is None or got is None:
+            assert want is None and got is None
+            continue
+        assert got.offset == want.offset
+        assert got.data == want.data
+    assert restored.result_output() == live.result_output()
+
+
+def test_an_exit_is_recorded_in_its_slot(tmp_path: Path) -> None:
+    path = str(tmp_path / "p")
+    recording = keeper_store.Recording(path, _meta(pid=42, terminal=True))
+    recording.append(b"out")
+    recording.write_exit(None, 9, 1234)
+    read = keeper_store.read_process_file(path)
+    assert read is not None
+    assert read.exit == keeper_store.ExitRecord(None, "SIGKILL", 1234)
+    assert read.meta.pid == 42 and read.meta.terminal
+    recording.write_exit(3, 0, 5)
+    again = keeper_store.read_process_file(path)
+    assert again is not None and again.exit == keeper_store.ExitRecord(3, None, 5)
+    assert again.output.head == b"out"
+
+
+def test_a_file_that_is_not_a_whole_record_is_none(tmp_path: Path) -> None:
+    (tmp_path / "p").write_bytes(b"TWKE")
+    assert keeper_store.read_process_file(str(tmp_path / "p")) is None
+    assert keeper_store.read_process_file(str(tmp_path / "missing")) is None
+
+
+def test_a_stop_at_the_hard_deadline_is_recorded_before_and_with_the_exit(tmp_path: Path) -> None:
+    path = str(tmp_path / "p")
+    recording = keeper_store.Recording(path, _meta())
+    recording.write_killed_after()
+    assert keeper_store.read_process_file(path).exit is None  # type: ignore[union-attr]
+    recording.write_exit(None, 15, 7, killed_after=True)
+    read = keeper_store.read_process_file(path)
+    assert read is not None and read.exit == keeper_store.ExitRecord(None, "SIGTERM", 7, True)
