@@ -1,5 +1,6 @@
 """The rules of DESIGN.md's layer paragraph, checked on the source of every product module (the
-`toolwire` package: actors, transport, cli, simulation, benchmarks and the root modules):
+`toolwire` package: actors, transport, cli, simulation, benchmarks, integrations and the root
+modules):
 
 - no module imports `trio.testing` (a test hook never shapes production code);
 - no module uses another class's or module's private names: `obj._name` only on `self`, `cls`,
@@ -21,7 +22,7 @@ from pathlib import Path
 import toolwire
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("actors", "transport", "cli", "simulation", "benchmarks")
+PACKAGES = ("actors", "transport", "cli", "simulation", "benchmarks", "integrations")
 
 # The adapters: the one module per library whose private names toolwire must use.
 PRIVATE_ADAPTERS: dict[str, str] = {
