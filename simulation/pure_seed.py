@@ -489,7 +489,7 @@ class SeedWorld(World):
             # result still owed says so.
             require(
                 outcome is Outcome.TIMED_OUT,
-                "k.kill_after_untold",
+                "r.kill_after_untold",
                 f"{label} was stopped by its keeper at its kill_after_ms, and ended {outcome}",
             )
         if outcome is Outcome.CANCELED:
@@ -534,7 +534,7 @@ class SeedWorld(World):
                 # 10.1: only a command gone without a recorded exit ends `unknown`.
                 require(
                     call_id not in self.held_calls,
-                    "k.unknown_while_held",
+                    "r.unknown_while_held",
                     f"{label} ended unknown while its keeper held its process",
                 )
             elif result.text in (TEXT_AGENT_FAILURE, TEXT_AGENT_FAILURE_BEFORE_RUN):
