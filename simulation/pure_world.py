@@ -247,6 +247,9 @@ class World:
         self.asking: Input | None = None  # the request being handled
         self.handling: Input | None = None  # the input being handled (a request or a report)
         self.group_failures = 0  # how many of the next steps on a process group fail at once
+        # The step that failed on each group the shell reported lost (`GroupLost`), until the
+        # chat has handled the report.
+        self.lost_steps: dict[str, type] = {}
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -302,7 +305,39 @@ class World:
         while self.inbox:
             event = self.inbox.popleft()
             self.handling = event
-            self.carry_out(self.state.handle(event, self.now, self.wall_ms))
+            held = isinstance(event, GroupLost) and event.call_id in self.state.groups
+            effects = self.state.handle(event, self.now, self.wall_ms)
+            if isinstance(event, GroupLost):
+                self.check_group_lost(event.call_id, held, effects)
+            self.carry_out(effects)
+
+    def check_group_lost(self, call_id: str, held: bool, effects: list[Effect]) -> None:
+        """A step on a group failed in the shell, and nothing more will be reported of it
+        unless the chat acts: the call is over (`unknown` if it still ran), the group gets
+        SIGKILL, and a group whose SIGKILL is what failed is given up, so that nothing (a
+        cancel, a close, the shutdown) waits for it forever."""
+        step = self.lost_steps.pop(call_id)
+        record = self.state.records.get(call_id)
+        require(
+            record is None or record.done,
+            "k.lost_call_running",
+            f"{call_id}: its group was lost and the call still runs",
+        )
+        if not held:
+            return
+        if step is KillGroup:
+            require(
+                call_id not in self.state.groups,
+                "k.lost_group_held",
+                f"{call_id}: its SIGKILL failed and the chat still holds the group",
+            )
+            return
+        require(
+            any(isinstance(e, KillGroup) and e.call_id == call_id for e in effects)
+            or call_id not in self.state.groups,
+            "k.lost_group_not_killed",
+            f"{call_id}: a step on its group failed and the group got no SIGKILL",
+        )
 
     def fingerprint(self) -> Any:
         state = self.state
@@ -359,6 +394,7 @@ class World:
                 proc = self.procs.get(effect.call_id)
                 if proc is not None and proc.stopping == "waiting":
                     proc.stopping = None  # its SIGKILL never went: it lives on its own
+                self.lost_steps[effect.call_id] = type(effect)
                 self.inbox.append(GroupLost(effect.call_id))
             elif isinstance(effect, StopGroup):
                 self.check_stop(effect)

@@ -1,5 +1,6 @@
-"""What the executor's tests share: a relay that can hold the agent's replies back, and running
-an awaitable in a task of the shell's own loop that the test cancels (trio or asyncio)."""
+"""What the executor's tests share: a relay that can hold the agent's replies back, running
+an awaitable in a task of the shell's own loop that the test cancels (trio or asyncio), and
+collecting what an executor shows of a call's output until some text came."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import trio
 
 from tests.clientshells import Shell
+from toolwire import OutputChunk
 
 
 class HoldingRelay:
@@ -137,3 +139,18 @@ async def cancel_when(
 def new_flag(shell: Shell) -> Any:
     """A one-shot event of the shell's loop."""
     return trio.Event() if shell.name == "trio" else asyncio.Event()
+
+
+class ShownOutput:
+    """An executor's `on_output`: keeps every chunk shown (`chunks`), and sets `seen`, a flag of
+    the shell's loop, once a chunk with `until` in it was shown ("" on the first chunk)."""
+
+    def __init__(self, shell: Shell, until: str = "") -> None:
+        self.chunks: list[OutputChunk] = []
+        self.seen = new_flag(shell)
+        self.until = until
+
+    def __call__(self, chunk: OutputChunk) -> None:
+        self.chunks.append(chunk)
+        if self.until in chunk.data:
+            self.seen.set()

@@ -10,7 +10,7 @@ import trio
 
 from tests.clientshells import SHELLS, Shell
 from tests.conftest import LiveServer
-from tests.executor_support import cancel_when, new_flag
+from tests.executor_support import ShownOutput, cancel_when
 from toolwire import BadArgs, BatchItem, ModelToolCall, OutputChunk, ToolExecutor, UnknownTool
 
 CHAT = "33333333-3333-3333-3333-333333333333"
@@ -144,28 +144,19 @@ async def test_a_cancelled_batch_cancels_its_calls_and_a_resumed_one_shows_nothi
     )
 
     async def body() -> None:
-        shown: list[OutputChunk] = []
+        shown = ShownOutput(shell, until="9")
         async with shell.connect(live.url, live.token) as client:
-            seen = new_flag(shell)
-
-            def show(chunk: OutputChunk) -> None:
-                shown.append(chunk)
-                if "9" in chunk.data:
-                    seen.set()
-
             # The server shuts down mid-batch: its calls go on.
             detaching = ToolExecutor(client, on_cancel="detach")
             ended = await cancel_when(
-                shell, lambda: detaching.execute_batch([held], on_output=show), seen.wait
+                shell, lambda: detaching.execute_batch([held], on_output=shown), shown.seen.wait
             )
             assert ended.cancelled
             # The user presses stop on another batch: its calls are canceled on the agent.
-            up = new_flag(shell)
+            up = ShownOutput(shell)
             canceling = ToolExecutor(client, on_cancel="cancel")
             ended = await cancel_when(
-                shell,
-                lambda: canceling.execute_batch([stopped], on_output=lambda chunk: up.set()),
-                up.wait,
+                shell, lambda: canceling.execute_batch([stopped], on_output=up), up.seen.wait
             )
             assert ended.cancelled
         async with shell.connect(live.url, live.token) as after:
@@ -173,12 +164,12 @@ async def test_a_cancelled_batch_cancels_its_calls_and_a_resumed_one_shows_nothi
             await after.call(CHAT, "let-go", "process_input", args)
             rest: list[OutputChunk] = []
             executor = ToolExecutor(after)
+            resume_at = {held.call_id: shown.chunks[-1].end}
             items = await executor.execute_batch(
-                [held, stopped], from_offsets={held.call_id: shown[-1].end}, on_output=rest.append
+                [held, stopped], from_offsets=resume_at, on_output=rest.append
             )
-        assert "".join(c.data for c in shown) + "".join(c.data for c in rest if c.call is held) == (
-            "0123456789done"
-        )
+        seen = "".join(c.data for c in shown.chunks)
+        assert seen + "".join(c.data for c in rest if c.call is held) == "0123456789done"
         assert items[0].unwrap().outcome == "completed"
         assert items[1].unwrap().outcome == "canceled"
         assert runs(live) == 2

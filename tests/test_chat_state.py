@@ -219,11 +219,12 @@ class ChatStateMachine(RuleBasedStateMachine):
     def journal_refuses(self, n: int) -> None:
         self.world.refusals = n
 
-    @rule()
-    def a_group_step_fails(self) -> None:
-        """The shell cannot carry out the next step on a process group (a stop, a kill, a
-        watch): the call ends `unknown`, and nothing waits for that group forever."""
-        self.world.group_failures = 1
+    @rule(n=st.integers(1, 2))
+    def a_group_step_fails(self, n: int) -> None:
+        """The shell cannot carry out the next step (or two) on a process group (a stop, a
+        kill, a watch): the call ends `unknown`, the group gets SIGKILL, and if that fails too,
+        the group is given up; nothing waits for it forever (`World.check_group_lost`)."""
+        self.world.group_failures = n
 
     @rule()
     def journal_refuses_the_close(self) -> None:

@@ -12,7 +12,7 @@ import trio
 
 from tests.clientshells import SHELLS, Shell
 from tests.conftest import LiveServer
-from tests.executor_support import HoldingRelay, cancel_when, new_flag
+from tests.executor_support import HoldingRelay, ShownOutput, cancel_when, new_flag
 from toolwire import (
     ApprovalDecision,
     BadArgs,
@@ -117,23 +117,16 @@ async def test_a_restarted_chat_server_resumes_from_its_saved_offset(
     call = model_call("call_resume", "execute", HELD)
 
     async def body() -> None:
-        shown: list[OutputChunk] = []
+        shown = ShownOutput(shell, until="9")
         async with shell.connect(live.url, live.token) as before:
-            seen = new_flag(shell)
-
-            def show(chunk: OutputChunk) -> None:
-                shown.append(chunk)
-                if "9" in chunk.data:
-                    seen.set()
-
             # The old server shuts down mid-command: "detach" leaves the command running.
             executor = ToolExecutor(before, on_cancel="detach")
             ended = await cancel_when(
-                shell, lambda: executor.execute(call, on_output=show), seen.wait
+                shell, lambda: executor.execute(call, on_output=shown), shown.seen.wait
             )
             assert ended.cancelled
-            saved = shown[-1].end
-            assert (saved, "".join(c.data for c in shown)) == (10, "0123456789")
+            saved = shown.chunks[-1].end
+            assert (saved, "".join(c.data for c in shown.chunks)) == (10, "0123456789")
             # It goes on, and ends while no chat server follows it.
             await release(before, call)
         async with shell.connect(live.url, live.token) as after:
