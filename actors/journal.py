@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 import trio
 
+from toolwire.actors.big_writes import BIG_WRITES, BigWrites
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.metrics import Durations
 from toolwire.actors.results import Result
@@ -81,7 +82,9 @@ SINGLE_STATEMENT_ROWS = 64
 # 50 µs each on a virtual machine), when the loop has nothing else to run, the batch is small,
 # and commits have been fast: their moving average (each new one weighs COMMIT_AVERAGE_WEIGHT)
 # is below INLINE_MAX_COMMIT_S. A disk that turns slow can stall the loop once, for one commit;
-# from then on commits go to the writer thread until their average is low again.
+# from then on commits go to the writer thread until their average is low again. And none runs
+# there while a file tool writes a big file (actors/big_writes.py): its fsync is then this
+# commit's wait too, tens to hundreds of milliseconds, known before the commit starts.
 INLINE_MAX_ROWS = 64
 INLINE_MAX_COMMIT_S = 0.001
 COMMIT_AVERAGE_WEIGHT = 0.1
@@ -399,6 +402,7 @@ class SqliteJournal(Journal):
         write_retry_delays_s: Sequence[float] = WRITE_RETRY_DELAYS_S,
         identity_check_min_gap_s: float = IDENTITY_CHECK_MIN_GAP_S,
         identity_check_interval_s: float = IDENTITY_CHECK_INTERVAL_S,
+        big_writes: BigWrites = BIG_WRITES,
     ) -> None:
         """`inline_max_commit_s`: commits run on the loop's thread only while they average
         less than this (INLINE_MAX_COMMIT_S); 0 sends every commit to the writer thread,
@@ -412,6 +416,9 @@ class SqliteJournal(Journal):
         at its path unless the last check was less than this ago (IDENTITY_CHECK_MIN_GAP_S);
         0 checks at every commit. `identity_check_interval_s`: how often an idle journal checks
         (IDENTITY_CHECK_INTERVAL_S); > 0, `inf` for never.
+
+        `big_writes`: while it says a big write is running, no commit runs on the loop's
+        thread (the process's own count, BIG_WRITES, unless a test gives its own).
 
         `commit_statements`: runs every commit's statements, on the loop's thread or the
         writer thread, inside the journal's whole commit path (batching, the choice of thread,
@@ -479,6 +486,7 @@ class SqliteJournal(Journal):
         # Commits on the loop's thread: see INLINE_MAX_ROWS.
         self._inline_max_commit_s = inline_max_commit_s
         self._commit_average_s = 0.0
+        self._big_writes = big_writes
         self._commit_statements = commit_statements or run_commit_statements
         # Whether this start created the journal file, and whether the state dir shows it
         # last held another one (see `_check_lineage`).
@@ -816,11 +824,13 @@ class SqliteJournal(Journal):
     def _may_commit_inline(self, rows: int) -> bool:
         """Whether a batch of `rows` may commit on the loop's thread once nothing else is
         runnable (a commit blocks the loop for as long as it takes): a small batch, a disk that
-        has been fast, and the writer thread done with the connection."""
+        has been fast, the writer thread done with the connection, and no big file being
+        written (its fsync would make this commit's wait, actors/big_writes.py)."""
         return (
             rows <= INLINE_MAX_ROWS
             and self._thread_idle
             and self._commit_average_s < self._inline_max_commit_s
+            and not self._big_writes.busy()
         )
 
     def _commit_inline(self, batch: _Batch) -> tuple[_Refused, BaseException | None] | None:

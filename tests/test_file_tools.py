@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from toolwire.actors.big_writes import BIG_WRITE_BYTES, BIG_WRITES
 from toolwire.actors.results import Outcome, ToolReport, ToolwireError
 from toolwire.actors.tools import files
 from toolwire.actors.tools.files import (
@@ -921,3 +922,33 @@ def test_search_cuts_long_lines(ws: Path) -> None:
     r = search(ws, "needle")
     assert r.data is not None
     assert len(r.data["matches"][0]["text"]) == SEARCH_MAX_LINE_CHARS
+
+
+# --- the disk is busy while a big file is written (issue 26) ------------------------------------
+
+
+@pytest.mark.parametrize("size", [BIG_WRITE_BYTES, BIG_WRITE_BYTES - 1], ids=["big", "small"])
+def test_a_big_write_or_edit_makes_the_disk_busy_for_its_fsyncs(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """The journal keeps its commits off the event loop while the disk is busy (their fsync
+    would wait for this one): so a write of at least BIG_WRITE_BYTES counts as busy through
+    each of its fsyncs, the file's and its directory's, and a smaller one not at all. Seen by
+    the real fsync, which is watched, not replaced."""
+    real_fsync = os.fsync
+    busy_at_fsync: list[bool] = []
+
+    def watched_fsync(fd: int) -> None:
+        busy_at_fsync.append(BIG_WRITES.busy())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    report = write_file(str(ws), WriteFileArgs(path="big.txt", content="a" * size))
+    assert report.outcome is Outcome.COMPLETED, report
+    edit = EditFilesArgs(files=[FileEdits(path="big.txt", edits=[Edit(old="aaab", new="cccc")])])
+    (ws / "big.txt").write_text("a" * (size - 1) + "b")
+    report = edit_files(str(ws), edit)
+    assert report.outcome is Outcome.COMPLETED, report
+    # write_file: the file's fsync and its directory's; edit_files: the same.
+    assert busy_at_fsync == [size >= BIG_WRITE_BYTES] * 4
+    assert not BIG_WRITES.busy()  # and not after

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.commit_threads import CommitThreads
+from toolwire.actors.big_writes import BIG_WRITE_BYTES, BigWrites
 from toolwire.actors.journal import (
     CHECKPOINT_PAGES,
     INLINE_MAX_ROWS,
@@ -262,3 +263,32 @@ async def test_the_wal_is_checkpointed_between_commits_and_stays_small(
     page_with_header = 4096 + 24
     assert largest < 2 * CHECKPOINT_PAGES * page_with_header
     assert len(_stored(path)) == 2_000
+
+
+async def test_no_commit_runs_on_the_loop_while_a_big_file_is_being_written(
+    tmp_path: Path,
+) -> None:
+    """While a tool writes a big file its fsync makes every commit's wait (issue 26: 8 ms at
+    the median, hundreds now and then), so commits leave the loop's thread for that time and
+    come back once the write is done."""
+    threads = CommitThreads()
+    big_writes = BigWrites()
+    journal = SqliteJournal(
+        tmp_path / "journal.sqlite3",
+        inline_max_commit_s=float("inf"),
+        commit_statements=threads,
+        big_writes=big_writes,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        with big_writes.writing(BIG_WRITE_BYTES):
+            for i in range(3):
+                await journal.wait_durable(journal.write(_row(f"during-{i}", i, i)))
+        assert (threads.on_loop, threads.on_thread) == (0, 3)
+        with big_writes.writing(BIG_WRITE_BYTES - 1):  # a small write: not busy
+            await journal.wait_durable(journal.write(_row("small", 1, 1)))
+        await journal.wait_durable(journal.write(_row("after", 1, 1)))
+        assert (threads.on_loop, threads.on_thread) == (2, 3)
+        nursery.cancel_scope.cancel()
+    journal.close()
+    assert len(_stored(journal.path)) == 5

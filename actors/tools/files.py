@@ -52,6 +52,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from toolwire.actors.big_writes import BIG_WRITES
 from toolwire.actors.canonical_paths import canonical_path
 from toolwire.actors.hidden_paths import NOTHING_HIDDEN, TEXT_HIDDEN, HiddenPaths
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
@@ -756,6 +757,13 @@ def _atomic_write(target: str, pieces: big_text.Pieces, old: os.stat_result | No
     its mode is kept, and its owner when the process may chown; a new file gets 0o666 minus
     the umask. The temp file is removed on any failure. Raises OSError.
     """
+    # The disk is busy from the first byte to the directory's fsync: the journal's commits
+    # keep off the event loop meanwhile (actors/big_writes.py).
+    with BIG_WRITES.writing(big_text.size(pieces)):
+        _write_and_rename(target, pieces, old)
+
+
+def _write_and_rename(target: str, pieces: big_text.Pieces, old: os.stat_result | None) -> None:
     directory = os.path.dirname(target) or "."
     fd, temp = _create_temp(directory, 0o600 if old is not None else 0o666)
     replaced = False
