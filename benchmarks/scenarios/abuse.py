@@ -26,11 +26,17 @@ came).
 
 Reported per attack: the measured chat's worst and p99 latency during it, against alone (goal:
 worst below 100 ms), how long the attack took to be answered, and the agent's peak RSS
-(`VmHWM`) against alone.
+(`VmHWM`) against alone. And the agent's loop lag over the same window (every agent runs
+under the loop-lag probe, `benchmarks/loop_lag.py`): how late a 1 ms ticker on the agent's
+own loop woke, worst and p99. That is the delay the attack put on every other chat, apart from
+what a trivial call waits for anyway: on serve's defaults each call's result waits for its
+commit's fsync, and this machine's virtual disk now and then takes tens of milliseconds for
+one with no attack at all (the alone row's worst), which no agent code can shorten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -162,6 +168,9 @@ class Probe:
     unanswered: int
     peak_rss: int  # the agent's VmHWM just before it was stopped
     seconds: float  # how long calls were sent for
+    # The loop-lag probe's window over the same time (`ServerProcess.loop_lag`); None when the
+    # agent's loop did not answer for it (frozen: its lag is then at least `seconds`).
+    lag: dict[str, float] | None
 
 
 def probe(server: ServerProcess, token: str, window: Window, attacker: Attacker | None) -> Probe:
@@ -202,6 +211,7 @@ def probe(server: ServerProcess, token: str, window: Window, attacker: Attacker 
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(receive)
+                server.loop_lag()  # a new window: the ticks from the attack's start
                 start = trio.current_time()
                 if attacker is not None:
                     attacker.go()
@@ -228,11 +238,15 @@ def probe(server: ServerProcess, token: str, window: Window, attacker: Attacker 
                         await all_in.wait()
                 end = trio.current_time()
                 unanswered = [(end - at) * 1000 for at in due.values()]
+                lag: dict[str, float] | None = None
+                # RuntimeError: its loop is still held, and there is no window to read.
+                with contextlib.suppress(RuntimeError):
+                    lag = json.loads(server.control("lag", timeout_s=window.grace_s))
                 peak = rss_bytes(server.pid, "VmHWM")
                 server.proc.kill()  # bounded, whatever the attack left the agent doing
                 server.proc.wait()
                 nursery.cancel_scope.cancel()
-        return Probe(samples + unanswered, len(unanswered), peak, stopped - start)
+        return Probe(samples + unanswered, len(unanswered), peak, stopped - start, lag)
 
     return trio.run(main)
 
@@ -268,6 +282,14 @@ def run(ctx: BenchContext) -> ScenarioResult:
     alone_rss = res.measurement(
         "rss_alone_mb", "agent's peak RSS, no attack", "MiB", higher_is_better=False
     )
+
+    def lag(name: str, label: str) -> Measurement:
+        return res.measurement(name, f"agent loop lag, {label}", "ms", higher_is_better=False)
+
+    alone_lag = lag("loop_lag_worst_alone", "worst, no attack")
+    alone_lag_p99 = lag("loop_lag_p99_alone", "p99, no attack")
+    during_lag = {a.key: lag(f"loop_lag_worst_{a.key}", f"worst, {labels[a.key]}") for a in ATTACKS}
+    during_lag_p99 = {a.key: lag(f"loop_lag_p99_{a.key}", f"p99, {labels[a.key]}") for a in ATTACKS}
     during: dict[str, Measurement] = {}
     answered: dict[str, Measurement] = {}
     rss: dict[str, Measurement] = {}
@@ -285,8 +307,15 @@ def run(ctx: BenchContext) -> ScenarioResult:
             higher_is_better=False,
         )  # fmt: skip
 
-    def record(m: Measurement, got: Probe, rss_m: Measurement) -> None:
+    def record(m: Measurement, got: Probe, rss_m: Measurement, key: str | None) -> None:
         add_latencies(m, got.samples)
+        worst_lag = alone_lag if key is None else during_lag[key]
+        p99_lag = alone_lag_p99 if key is None else during_lag_p99[key]
+        if got.lag is None:  # frozen: at least the whole window, and no p99 to give
+            worst_lag.add(got.seconds * 1000, answered=0.0)
+        else:
+            worst_lag.add(got.lag["worst_ms"], answered=1.0, ticks=got.lag["ticks"])
+            p99_lag.add(got.lag["p99_ms"], p50_ms=got.lag["p50_ms"])
         # add_extra, not m.extra: while a variant runs for REF, its numbers go to REF's twin
         m.add_extra("worst_ms", max(got.samples))
         m.add_extra("unanswered", float(got.unanswered))
@@ -299,10 +328,10 @@ def run(ctx: BenchContext) -> ScenarioResult:
         own = ctx.scratch(f"abuse-{attack.key if attack else 'alone'}-{r}")
         run_ctx = dataclasses.replace(ctx, workdir=own)
         try:
-            with servers(run_ctx, AGENT, current_only=True) as srv:
+            with servers(run_ctx, AGENT, current_only=True, loop_lag=True) as srv:
                 server = srv[AGENT]
                 if attack is None:
-                    record(alone, probe(server, srv.token, window, None), alone_rss)
+                    record(alone, probe(server, srv.token, window, None), alone_rss, None)
                     return
                 if attack.key == "redos":
                     (srv.workspace / REDOS_FILE).write_text("a" * sizes["redos"] + "b")
@@ -312,7 +341,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                     got = probe(server, srv.token, window, attacker)
                 finally:
                     report = attacker.finish(window.bound_s)
-                record(during[attack.key], got, rss[attack.key])
+                record(during[attack.key], got, rss[attack.key], attack.key)
                 came = report["answered_ms"] is not None
                 answered[attack.key].add(
                     report["answered_ms"] if came else window.bound_s * 1000,
@@ -339,5 +368,10 @@ def run(ctx: BenchContext) -> ScenarioResult:
                        f"toolwire_answered_{a.key}", None),
             Comparison(f"agent's peak RSS during {labels[a.key]} vs alone",
                        f"toolwire_rss_{a.key}_mb", "rss_alone_mb"),
+            Comparison(f"agent loop lag, worst repeat, during {labels[a.key]} vs alone",
+                       f"loop_lag_worst_{a.key}", "loop_lag_worst_alone", stat="max",
+                       goal=goal),
+            Comparison(f"agent loop lag, p99 (median repeat), during {labels[a.key]} vs alone",
+                       f"loop_lag_p99_{a.key}", "loop_lag_p99_alone"),
         ]  # fmt: skip
     return res
