@@ -452,3 +452,43 @@ async def test_the_popen_path_is_confined_alike(
     await live.server.shutdown()
     assert (exit_code(result) == 0) == (sandbox is OPEN), result["output"]
     assert (outside / "popen").exists() == (sandbox is OPEN)
+
+
+# Dropping every capability (as root: the bounding set, inheritable and ambient sets emptied,
+# no_new_privs set) leaves a process the kernel treats as unprivileged for Landlock: no
+# CAP_SYS_ADMIN, so landlock_restrict_self works only because of no_new_privs, exactly as for
+# a non-root user. (A real other uid would need the interpreter and the test's virtualenv
+# readable by it; here they sit under 0700 directories.)
+_UNPRIVILEGED = (
+    ("setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs")
+    if os.geteuid() == 0
+    else ()
+)
+
+
+def _effective_caps(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no CapEff in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(
+    bool(_UNPRIVILEGED) and shutil.which("setpriv") is None, reason="needs setpriv (util-linux)"
+)
+async def test_an_agent_without_any_privilege_confines_its_commands_alike(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The sandbox needs no root, no capability and no setuid helper: an agent with none
+    (run under setpriv when the suite runs as root; as is otherwise) confines a command, and
+    the same command unconfined writes where the confined one could not."""
+    async with serve(tmp_path, launcher=_UNPRIVILEGED) as agent:
+        assert _effective_caps(agent.process.pid) == 0
+        async with connect(agent.url, _token(tmp_path)) as conn:
+            confined = await run(conn, "in", f"echo x > {outside}/confined", CONFINED)
+            inside = await run(conn, "ws", "echo x > inside && cat inside", CONFINED)
+            unconfined = await run(conn, "out", f"echo x > {outside}/open", OPEN)
+    assert exit_code(confined) != 0 and DENIED in confined["output"], confined
+    assert not (outside / "confined").exists()
+    assert exit_code(inside) == 0 and inside["output"] == "x\n", inside
+    assert exit_code(unconfined) == 0 and (outside / "open").read_text() == "x\n", unconfined

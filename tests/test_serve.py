@@ -38,14 +38,16 @@ async def serve(
     env: dict[str, str] | None = None,
     scheme: str = "ws",
     startup_s: float = 20,
+    launcher: tuple[str, ...] = (),
 ) -> AsyncIterator[ServeProcess]:
+    """`launcher`: what runs the interpreter (e.g. `setpriv` with its options), as given."""
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
     stderr_path = tmp_path / "serve.stderr"
     full_env = {k: v for k, v in os.environ.items() if k != "TOOLWIRE_TOKEN"} | (env or {})
     full_env["PYTHONPATH"] = str(ROOT)
     state = str(tmp_path / "state")
-    argv = [sys.executable, "-m", "toolwire.cli.main", "serve", "--port", "0",
+    argv = [*launcher, sys.executable, "-m", "toolwire.cli.main", "serve", "--port", "0",
             "--workspace", str(workspace), "--state-dir", state, *extra]  # fmt: skip
     with stderr_path.open("wb") as stderr:
         process = await trio.lowlevel.open_process(
