@@ -78,6 +78,12 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
         answered = abuse["measurements"][f"toolwire_answered_{attack}"]
         assert all(v <= abuse["params"]["bound_s"] * 1000 for v in answered["repeats"])
         assert abuse["measurements"][f"toolwire_rss_{attack}_mb"]["median"] > 0
+        # And the agent's loop lag over the attack, read from the agent itself (it answered).
+        lag = [r for r in abuse["comparisons"] if r["toolwire"] == f"loop_lag_worst_{attack}"]
+        assert [(r["stat"], r["goal"]) for r in lag] == [("max", "< 100 ms")], (attack, lag)
+        worst = abuse["measurements"][f"loop_lag_worst_{attack}"]
+        assert all(0 <= v < abuse["params"]["bound_s"] * 1000 for v in worst["repeats"]), worst
+        assert abuse["measurements"][f"loop_lag_p99_{attack}"]["repeats"], attack
 
     # The outside client's row: serve's defaults driven by a client that parses JSON with the
     # standard library, against the same echo.
