@@ -822,17 +822,17 @@ class World:
 
     def check_turn_start(self, call_id: str) -> None:
         """A call a turn created starts (or parks at its gate) only under a turn that is
-        planned: never while what the calls reserve is still being resolved."""
-        state = self.state
-        record = state.records.get(call_id)
-        if record is None or record.turn_id is None:
-            return
-        # (None naming it: a record restored after a restart, its turn gone with the agent.)
-        naming = [run for run in state.turns.values() if call_id in run.members]
+        planned: never while what the calls reserve is still being resolved. (A record the turn
+        found, such as a gate restored after a restart, is not the turn's to hold back.)"""
+        turns = self.state.turns.values()
+        held_back = any(
+            run.segments is None and run.asks and call_id in run.asks[0].created for run in turns
+        )
         require(
-            not naming or any(run.segments is not None for run in naming),
+            not held_back
+            or any(run.segments is not None and call_id in run.members for run in turns),
             "d.started_unplanned",
-            f"{call_id} of turn {record.turn_id} starts before any turn naming it is planned",
+            f"{call_id} starts before the turn that created it is planned",
         )
 
     def check_result(self, call_id: str, result: Result) -> None:
