@@ -24,13 +24,12 @@ from toolwire.actors import effects as fx
 from toolwire.actors import kept, observe, processes, reservations
 from toolwire.actors.calls import CallSpec, shared_tool_name
 from toolwire.actors.chat_state import ChatConfig, ChatState, TurnState
-from toolwire.actors.chat_work import ChatWork, run_on_loop
+from toolwire.actors.chat_work import ChatWork, failure_text, run_on_loop
 from toolwire.actors.context import AgentContext
 from toolwire.actors.followers import Followers
 from toolwire.actors.journal_effects import JournalEffects
 from toolwire.actors.journal_rows import JournalRow
 from toolwire.actors.outbox import Outbox
-from toolwire.actors.planner import Reservation
 from toolwire.actors.records import RecordTable
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.task_host import TaskFn, TaskHost
@@ -147,17 +146,27 @@ class ChatActor:
     def turn(
         self, outbox: Outbox, turn_id: str, specs: list[CallSpec], *, stream: bool, rid: Any
     ) -> None:
-        self._request(
-            fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid, self._reserve(specs))
-        )
+        self._request(fx.TurnRequest(outbox, turn_id, tuple(specs), stream, rid))
 
-    def _reserve(self, specs: list[CallSpec]) -> tuple[Reservation, ...]:
-        """What the turn's calls reserve, their paths resolved here, in the shell (5.6). Not for
-        a turn naming more calls than a request may: ChatState refuses it, and resolving its
-        paths would hold the loop for nothing (issue 27)."""
-        if len(specs) > self.state.config.max_ids_per_request:
-            return ()
-        return reservations.reserve(specs, self.ctx.workspace)
+    def _resolve_turn(self, effect: fx.ResolveTurn) -> None:
+        """What the turn's calls reserve (5.6). A turn none of whose calls names a path is
+        planned right here, in this input's drain (no thread hop on the hot path); one that
+        names paths has them resolved on a worker thread: symlinks, `~` and `..` are looked up
+        on the filesystem, which may be slow or remote, and the loop serves every chat."""
+        try:
+            at_once = reservations.reserve_at_once(effect.specs)
+            if at_once is None:
+                self.work.resolve_turn(effect)
+                return
+        except Exception as exc:
+            log.exception(
+                "resolving the paths of turn %r failed",
+                effect.turn_id,
+                extra={"chat_id": self.chat_id},
+            )
+            self._inbox.append(fx.TurnPlanned(effect.turn_id, (), failure=failure_text(exc)))
+            return
+        self._inbox.append(fx.TurnPlanned(effect.turn_id, at_once))
 
     def interrupt(self, outbox: Outbox, turn_id: str | None, rid: Any) -> None:
         self._request(fx.InterruptRequest(outbox, turn_id, rid))
@@ -311,6 +320,7 @@ _EFFECTS: dict[type, Callable[[ChatActor, Any], None]] = {
     fx.JournalClose: lambda chat, e: chat.journal_effects.close(e),
     fx.JournalReopen: lambda chat, e: chat.journal_effects.reopen(e),
     fx.ReadBack: lambda chat, e: chat.journal_effects.read_back(e),
+    fx.ResolveTurn: ChatActor._resolve_turn,
     fx.RunTool: ChatActor._run_tool,
     fx.StopRun: lambda chat, e: chat.work.stop_run(e),
     fx.Spawn: lambda chat, e: chat.work.spawn_process(e),

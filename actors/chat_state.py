@@ -77,6 +77,7 @@ from toolwire.actors.effects import (
     ReadBack,
     Recovered,
     ReleaseKept,
+    ResolveTurn,
     Restored,
     ResultDurable,
     ResultsRead,
@@ -99,6 +100,7 @@ from toolwire.actors.effects import (
     ToolEnded,
     ToolFailed,
     ToolStopped,
+    TurnPlanned,
     TurnRequest,
     WatchGroup,
 )
@@ -140,6 +142,7 @@ from toolwire.actors.results import (
     ToolwireError,
     text_denied,
     text_killed_after,
+    text_unresolved,
 )
 from toolwire.actors.sandbox_policy import policy_from_row
 from toolwire.actors.tools.execute import ExecuteArgs
@@ -268,13 +271,31 @@ class ListedProcess:
 
 
 @dataclass(eq=False, slots=True)
+class TurnAsk:
+    """A `turn` request for a turn whose plan is not known yet (its paths are being resolved):
+    it is answered (`turn_plan`, then each call's events) once the plan is."""
+
+    conn: Conn
+    stream: bool
+    rid: Rid
+    created: frozenset[str]  # the calls this very request admitted as new
+    # Each call's `requests` count with this request (its `accepted` says so, sent later).
+    requests: tuple[int, ...]
+    # The turn's calls this connection detached from after this request (9.9): detached again
+    # once the request follows them.
+    detached: list[str] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
 class TurnState:
     """One turn of a chat: its calls in request order and the plan that runs them."""
 
     turn_id: str
     call_ids: list[str]
     fingerprint: bytes
-    segments: list[list[str]]
+    # None until the shell has resolved what the calls reserve (`ResolveTurn`, `TurnPlanned`):
+    # meanwhile none of its calls starts and nothing of it is sent; its requests wait in `asks`.
+    segments: list[list[str]] | None
     # One entry per `turn` request made while the turn runs: each gets its own turn_result.
     followers: list[Conn] = field(default_factory=list)
     segment: int = -1  # the segment running now
@@ -295,6 +316,7 @@ class TurnState:
     # journal): a repeated turn reads them from there, so a finished turn holds none.
     finished: bool = False
     done: bool = False  # its turn_result went to the followers
+    asks: list[TurnAsk] = field(default_factory=list)  # while unplanned: its requests, in order
 
 
 @dataclass(eq=False, slots=True)
@@ -591,6 +613,7 @@ class ChatState:
             self._start(record, gated=gated)
             return
         self._journal_touch(record)
+        self._refollowed(req.conn, spec.call_id)
         self._follow(
             req.conn,
             record,
@@ -626,16 +649,36 @@ class ChatState:
         if record is None:
             raise self._unknown_call(req.call_id)
         self._journal_touch(record)
+        self._refollowed(req.conn, req.call_id)
         self._follow(req.conn, record, stream=True, rid=req.rid, from_offset=req.from_offset)
 
     def _on_detach(self, req: DetachRequest) -> None:
         record = self.records.get(req.call_id)
         if record is None:
             raise self._unknown_call(req.call_id)
-        call = self.calls.get(req.call_id)
+        for run in self._active_turns:
+            if run.segments is None and req.call_id in run.members:
+                # The turn's requests on this connection follow the call once it is planned:
+                # this detach, sent after them, then applies to what they follow.
+                for ask in run.asks:
+                    if ask.conn == req.conn:
+                        ask.detached.append(req.call_id)
+        self._detach(req.conn, req.call_id)
+
+    def _refollowed(self, conn: Conn, call_id: str) -> None:
+        """A request on `conn` follows the call again now, after any detach it sent: an
+        unplanned turn's request before them follows it too, once planned, and stays so."""
+        for run in self._active_turns:
+            if run.segments is None and call_id in run.members:
+                for ask in run.asks:
+                    if ask.conn == conn and call_id in ask.detached:
+                        ask.detached = [c for c in ask.detached if c != call_id]
+
+    def _detach(self, conn: Conn, call_id: str) -> None:
+        call = self.calls.get(call_id)
         keep = False
         if call is not None:
-            follower = call.followers.get(req.conn)
+            follower = call.followers.get(conn)
             if follower is not None:
                 if follower.owed:
                     # Its events stop now, but each request already made still gets its one
@@ -644,8 +687,8 @@ class ChatState:
                     follower.detached = keep = True
                     follower.stream = follower.resolved_events = False
                 else:
-                    del call.followers[req.conn]
-        self._emit(Detach(req.conn, req.call_id, keep))
+                    del call.followers[conn]
+        self._emit(Detach(conn, call_id, keep))
 
     def _on_approve(self, req: ApproveRequest) -> None:
         record = self.records.get(req.call_id)
@@ -738,6 +781,11 @@ class ChatState:
                 record = self.records.attach(call_id, self._now)
                 if record is not None:
                     self._journal_touch(record)
+            if existing.segments is None:
+                # Its plan is not known yet: answered with the first request, once it is.
+                counts = self._request_counts(existing.call_ids)
+                existing.asks.append(TurnAsk(req.conn, req.stream, req.rid, frozenset(), counts))
+                return
             self._follow_turn(
                 req.conn, existing, stream=req.stream, rid=req.rid, created=frozenset()
             )
@@ -747,9 +795,9 @@ class ChatState:
         fingerprints = check_new_turn(self.records, specs)
         self._check_room_for_records(sum(1 for s in specs if self.records.get(s.call_id) is None))
         call_ids = [s.call_id for s in specs]
-        # The shell resolved the paths (canonical already): no filesystem call here.
-        segments = planner.plan_segments(call_ids, req.reservations)
-        run = TurnState(req.turn_id, call_ids, fingerprint, segments, members=frozenset(call_ids))
+        # Unplanned: what its calls reserve is resolved by the shell (it reads the filesystem,
+        # off the loop when a path must be looked at), and the plan made with that.
+        run = TurnState(req.turn_id, call_ids, fingerprint, None, members=frozenset(call_ids))
         self.turns[req.turn_id] = run
         created: list[str] = []
         for spec, fp in zip(specs, fingerprints, strict=True):
@@ -773,8 +821,59 @@ class ChatState:
                 except ToolwireError as exc:
                     call.invalid = exc.message
                 self.calls[spec.call_id] = call
-        self._follow_turn(req.conn, run, stream=req.stream, rid=req.rid, created=frozenset(created))
         self._active_turns[run] = None
+        # Nothing of the turn is sent before its plan: this request is answered with it.
+        counts = self._request_counts(call_ids)
+        run.asks.append(TurnAsk(req.conn, req.stream, req.rid, frozenset(created), counts))
+        self._emit(ResolveTurn(req.turn_id, req.specs))
+
+    def _request_counts(self, call_ids: list[str]) -> tuple[int, ...]:
+        record = self.records.get
+        return tuple(
+            r.requests if (r := record(call_id)) is not None else 0 for call_id in call_ids
+        )
+
+    def _on_turn_planned(self, event: TurnPlanned) -> None:
+        """What the turn's calls reserve is known: plan it, answer each of its requests
+        (`turn_plan` first), and start it. Calls that ended meanwhile (a cancel, an interrupt, a
+        close) are not started again: a segment starts only calls still queued."""
+        run = self.turns.get(event.turn_id)
+        if run is None or run.segments is not None:
+            return  # ended meanwhile, or planned already: nothing waits for this
+        reservations = event.reservations
+        failure = event.failure
+        if failure is None and len(reservations) != len(run.call_ids):
+            failure = f"{len(reservations)} reservations for {len(run.call_ids)} calls"
+        if failure is not None:
+            # Nothing is known of what the calls touch: each the turn admitted that is still
+            # queued fails now, saying why (nothing of it runs, no gate parks for it), and the
+            # plan is the one that is always safe (each call alone).
+            why = text_unresolved(failure)
+            for call_id in run.call_ids:
+                record = self.records.get(call_id)
+                if (
+                    record is not None
+                    and record.turn_id == run.turn_id
+                    and record.state is RecordState.QUEUED
+                ):
+                    self.records.begin(record)
+                    record.started_at_ms = self._wall_ms
+                    self._finish(record, self._plain_result(record, Outcome.FAILED, why))
+            reservations = (planner.BARRIER_RESERVATION,) * len(run.call_ids)
+        # Canonical paths already: no filesystem call here.
+        run.segments = planner.plan_segments(run.call_ids, reservations)
+        asks, run.asks = run.asks, []
+        for ask in asks:
+            self._follow_turn(
+                ask.conn,
+                run,
+                stream=ask.stream,
+                rid=ask.rid,
+                created=ask.created,
+                requests=ask.requests,
+            )
+            for call_id in ask.detached:
+                self._detach(ask.conn, call_id)
         run.to_advance = True
         self._to_advance.append(run)
 
@@ -945,11 +1044,14 @@ class ChatState:
         from_offset: int | None,
         replay: bool = True,
         live_from: int = 0,
+        requests: int | None = None,
     ) -> None:
         """A repeat `call` (from_offset None) or an `attach` of an existing record (or a call a
         turn just created: `replay` False). `live_from`: where a repeated `call`'s output starts
         while the call runs (its `from_offset`, PROTOCOL.md 10.2); once the call has ended a
-        `call` gets its saved result only, whatever its offset (9.9)."""
+        `call` gets its saved result only, whatever its offset (9.9). `requests`: the record's
+        count with this request, when the request was taken earlier (a turn answered once
+        planned)."""
         call = self.calls.get(record.call_id)
         if call is not None:
             self._send_held_accepted(call)
@@ -960,7 +1062,7 @@ class ChatState:
             # Ended but not yet durable: it is answered like a running call (output, then the
             # result once saved), so say so.
             "running" if record.done and not record.published else record.state.wire_state,
-            record.requests,
+            record.requests if requests is None else requests,
             rid,
         )
         events: tuple[Event, ...] = (accepted,)
@@ -1010,13 +1112,23 @@ class ChatState:
         )
 
     def _follow_turn(
-        self, conn: Conn, run: TurnState, *, stream: bool, rid: Rid, created: frozenset[str]
+        self,
+        conn: Conn,
+        run: TurnState,
+        *,
+        stream: bool,
+        rid: Rid,
+        created: frozenset[str],
+        requests: tuple[int, ...] | None = None,
     ) -> None:
-        """`created`: the calls this very request admitted as new (accepted, replay false)."""
+        """`created`: the calls this very request admitted as new (accepted, replay false);
+        `requests`: each call's count as of this request, if it was taken before now. Only for
+        a planned turn: its `turn_plan` comes first."""
+        assert run.segments is not None, f"turn {run.turn_id} followed before its plan"
         if not run.finished:
             run.followers.append(conn)
         self._emit(Send(conn, TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid)))
-        for call_id in run.call_ids:
+        for i, call_id in enumerate(run.call_ids):
             record = self.records.get(call_id)
             if record is None:
                 continue
@@ -1028,6 +1140,7 @@ class ChatState:
                     rid=None,
                     from_offset=None,
                     replay=call_id not in created,
+                    requests=None if requests is None else requests[i],
                 )
                 continue
             call = self.calls.get(call_id)
@@ -1661,14 +1774,16 @@ class ChatState:
     def _next_segment(self, run: TurnState) -> None:
         """Start the turn's next segment (its calls at once, at most 8 running), or end the
         turn once every segment's calls have their published results. Not re-entered: a call
-        that ends while its segment is being started is seen by the loop below."""
-        if run.advancing or run.finished:
+        that ends while its segment is being started is seen by the loop below. An unplanned
+        turn starts nothing: its calls wait for what they reserve to be known."""
+        segments = run.segments
+        if run.advancing or run.finished or segments is None:
             return
         run.advancing = True
         try:
             while True:
                 if run.segment >= 0:
-                    calls = run.segments[run.segment]
+                    calls = segments[run.segment]
                     while run.segment_published < len(calls) and self._published(
                         calls[run.segment_published]
                     ):
@@ -1678,11 +1793,11 @@ class ChatState:
                     self._index_segment(run, add=False)
                 run.segment += 1
                 run.segment_published = 0
-                if run.segment >= len(run.segments):
+                if run.segment >= len(segments):
                     self._end_turn(run)
                     return
                 self._index_segment(run, add=True)
-                for call_id in run.segments[run.segment]:
+                for call_id in segments[run.segment]:
                     record = self.records.get(call_id)
                     assert record is not None, f"turn {run.turn_id} lost its call {call_id}"
                     if record.state is RecordState.QUEUED:
@@ -1698,6 +1813,7 @@ class ChatState:
             if not add:
                 return
             index = self._segment_turns = {}
+        assert run.segments is not None  # only a planned turn runs a segment
         for call_id in run.segments[run.segment]:
             if add:
                 index.setdefault(call_id, []).append(run)
@@ -2263,6 +2379,7 @@ _HANDLER_NAMES: dict[type, str] = {
     ApproveRequest: "_on_approve",
     CancelRequest: "_on_cancel",
     TurnRequest: "_on_turn",
+    TurnPlanned: "_on_turn_planned",
     InterruptRequest: "_on_interrupt",
     CloseChatRequest: "_on_close_chat",
     StartDurable: "_on_start_durable",
@@ -2355,5 +2472,6 @@ __all__ = [
     "Follower",
     "GroupState",
     "ListedProcess",
+    "TurnAsk",
     "TurnState",
 ]

@@ -1,7 +1,7 @@
 """The effects of one chat that take time, carried out for the shell: tools (on the loop, on a
-worker thread, or a wait a cancel can end), commands (spawn, pump, reap, the stop of a group)
-and timers. Each runs as a task of the chat's nursery and reports what happened through `feed`,
-as an input for `ChatState`; none decides anything.
+worker thread, or a wait a cancel can end), commands (spawn, pump, reap, the stop of a group),
+the resolution of a turn's paths and timers. Each runs as a task of the chat's nursery and
+reports what happened through `feed`, as an input for `ChatState`; none decides anything.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import trio
 
-from toolwire.actors import keeper_store, kept, observe, processes, runners, stdin
+from toolwire.actors import keeper_store, kept, observe, processes, reservations, runners, stdin
 from toolwire.actors.context import AgentContext
 from toolwire.actors.effects import (
     Adopt,
@@ -37,6 +37,7 @@ from toolwire.actors.effects import (
     ProcessExited,
     ProcessSnapshot,
     ReleaseKept,
+    ResolveTurn,
     RunTool,
     Spawn,
     Spawned,
@@ -47,6 +48,7 @@ from toolwire.actors.effects import (
     ToolEnded,
     ToolFailed,
     ToolStopped,
+    TurnPlanned,
     WatchGroup,
 )
 from toolwire.actors.followers import Followers
@@ -78,6 +80,12 @@ def run_on_loop(
         feed(ToolFailed(effect.call_id))
         return
     feed(ToolEnded(effect.call_id, report))
+
+
+def failure_text(exc: BaseException) -> str:
+    """What a turn's resolution that raised says in its calls' results (the log has the
+    traceback)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class ChatWork:
@@ -242,6 +250,30 @@ class ChatWork:
         search = self._searches.get(effect.call_id)
         if search is not None:
             search.set()
+
+    # -----------------------------------------------------------------------------------------
+    # Turns
+
+    def resolve_turn(self, effect: ResolveTurn) -> None:
+        self._spawn(self._resolve_task, effect)
+
+    async def _resolve_task(self, effect: ResolveTurn) -> None:
+        """A turn's paths resolved on a worker thread, so that a slow or network filesystem
+        holds up this turn only, never the loop every chat shares. A failure becomes the
+        turn's calls' results (ChatState decides them), never the chat's."""
+        try:
+            found = await trio.to_thread.run_sync(
+                reservations.reserve, effect.specs, self.ctx.workspace
+            )
+        except Exception as exc:
+            log.exception(
+                "resolving the paths of turn %r failed",
+                effect.turn_id,
+                extra={"chat_id": self.chat_id},
+            )
+            self._feed(TurnPlanned(effect.turn_id, (), failure=failure_text(exc)))
+            return
+        self._feed(TurnPlanned(effect.turn_id, found))
 
     # -----------------------------------------------------------------------------------------
     # Processes

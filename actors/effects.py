@@ -87,15 +87,14 @@ class CancelRequest:
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """`reservations`: what each of `specs` reserves, in order, its paths resolved by the shell
-    (actors/reservations.py), so that planning the turn makes no filesystem call."""
+    """A new turn is admitted at once, but planned only once the shell has resolved what its
+    calls reserve (`ResolveTurn`, then `TurnPlanned`): resolving paths reads the filesystem."""
 
     conn: Conn
     turn_id: str
     specs: tuple[CallSpec, ...]
     stream: bool
     rid: Rid
-    reservations: tuple[Reservation, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +240,17 @@ class GroupGone:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnPlanned:
+    """What each call of the turn reserves, in request order, its paths canonical (the answer
+    to `ResolveTurn`). `failure`: the shell could not resolve them (it logged why), and says
+    what went wrong; `reservations` is then empty."""
+
+    turn_id: str
+    reservations: tuple[Reservation, ...]
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Deadline:
     """A call's `timeout_ms` passed; the snapshot is its command's at that moment."""
 
@@ -366,6 +376,7 @@ Input = (
     | GroupStopped
     | GroupGone
     | GroupLost
+    | TurnPlanned
     | Deadline
     | GateExpired
     | KillAfter
@@ -555,6 +566,16 @@ class ReadBack:
 
 
 @dataclass(frozen=True, slots=True)
+class ResolveTurn:
+    """Find what each of the turn's calls reserves (PROTOCOL.md 5.6: paths canonicalised
+    against the filesystem, actors/reservations.py), off the event loop when a path must be
+    looked at; feed `TurnPlanned`."""
+
+    turn_id: str
+    specs: tuple[CallSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RunTool:
     """Run a non-execute tool with its parsed args; feed `ToolEnded` (or `ToolFailed`).
     `on_loop`: run it right now on the loop (a short file operation); otherwise as a task."""
@@ -688,6 +709,7 @@ Effect = (
     | JournalClose
     | JournalReopen
     | ReadBack
+    | ResolveTurn
     | RunTool
     | StopRun
     | Spawn

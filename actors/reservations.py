@@ -1,8 +1,10 @@
 """What each call of a turn reserves (PROTOCOL.md 5.6), read from its args with its paths
 resolved against the filesystem: the shell's part of planning a turn (actors/planner.py holds
-the pure part). It reads the filesystem (`os.path.realpath` follows symlinks), so it runs in
-the shell before the turn is handed to ChatState, which then plans with canonical paths and
-makes no filesystem call of its own.
+the pure part). It reads the filesystem (`os.path.realpath` follows symlinks), which on a slow
+or network workspace takes long, so the shell runs `reserve` on a worker thread when ChatState
+asks (`ResolveTurn`) and hands back canonical paths (`TurnPlanned`); ChatState plans with them
+and makes no filesystem call of its own. A turn none of whose calls names a path (commands,
+process tools) needs no thread hop: `reserve_at_once` gives its reservations right away.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ def reserve(specs: Sequence[CallSpec], workspace: str) -> tuple[Reservation, ...
     return tuple(
         reservation_for(PlannedCall(s.call_id, reserves_of(s.tool), s.args), root) for s in specs
     )
+
+
+def reserve_at_once(specs: Sequence[CallSpec]) -> tuple[Reservation, ...] | None:
+    """Each call's reservation when none of them needs the filesystem (no call reserves a
+    path), without looking at it; None when one does (then `reserve`, off the loop)."""
+    found: list[Reservation] = []
+    for spec in specs:
+        reservation = _without_paths(PlannedCall(spec.call_id, reserves_of(spec.tool), spec.args))
+        if reservation is None:
+            return None
+        found.append(reservation)
+    return tuple(found)
 
 
 def _path_arg(args: Mapping[object, object], key: str) -> str | None:
@@ -73,19 +87,29 @@ def reservation_for(call: PlannedCall, workspace: str) -> Reservation:
     Anything the planner cannot read with certainty becomes a barrier, because a barrier is
     always safe: at worst it costs parallelism, never correctness.
     """
-    role = call.reserves
-    if role.access is Access.BARRIER or not isinstance(call.args, dict):
-        # Commands, what acts on them, tools we do not know, args that are not an object.
-        return BARRIER_RESERVATION
-    if role.access is Access.NONE:
-        return NOTHING_RESERVED
-    raw = _raw_paths(role, call.args)
-    if raw is None:
-        return BARRIER_RESERVATION
+    at_once = _without_paths(call)
+    if at_once is not None:
+        return at_once
+    assert isinstance(call.args, dict)
+    raw = _raw_paths(call.reserves, call.args)
+    assert raw is not None
     try:
         # dict.fromkeys dedupes (an edit_files naming one file twice) and keeps the order.
         paths = tuple(dict.fromkeys(canonical_path(path, workspace) for path in raw))
     except (ValueError, OSError):
         # A NUL byte or a path the OS refuses to look at: the tool will fail on it anyway.
         return BARRIER_RESERVATION
-    return Reservation(role.access, paths)
+    return Reservation(call.reserves.access, paths)
+
+
+def _without_paths(call: PlannedCall) -> Reservation | None:
+    """What `call` reserves when that needs no path (a barrier, nothing), else None."""
+    role = call.reserves
+    if role.access is Access.BARRIER or not isinstance(call.args, dict):
+        # Commands, what acts on them, tools we do not know, args that are not an object.
+        return BARRIER_RESERVATION
+    if role.access is Access.NONE:
+        return NOTHING_RESERVED
+    if _raw_paths(role, call.args) is None:
+        return BARRIER_RESERVATION
+    return None

@@ -62,6 +62,15 @@ def text_killed_after(kill_after_ms: int) -> str:
     return f"tool call ran past its kill_after_ms of {kill_after_ms} ms; the process was stopped"
 
 
+def text_unresolved(why: str) -> str:
+    """A turn's call that never ran because the agent could not resolve what the turn's calls
+    reserve (their paths, PROTOCOL.md 5.6): its outcome is `failed`, and nothing was run."""
+    return (
+        f"tool call did not run: the agent could not resolve the paths of its turn ({why}); "
+        "no changes were made"
+    )
+
+
 class ToolReport(msgspec.Struct, frozen=True, kw_only=True):
     """What a tool says about its own run, before the chat adds timing and output."""
 

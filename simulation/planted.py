@@ -21,7 +21,7 @@ from toolwire.actors.effects import (
     GroupEmpty,
     KillAfter,
     ProcessExited,
-    TurnRequest,
+    TurnPlanned,
 )
 from toolwire.actors.records import RecordState, RecordTable, ToolCallRecord
 from toolwire.actors.results import (
@@ -85,11 +85,11 @@ class LostOutputChunk(ChatState):
 class TurnMissingResult(ChatState):
     """A turn of several calls leaves its last call out of `turn_result`."""
 
-    def _on_turn(self, req: TurnRequest) -> None:
-        existing = req.turn_id in self.turns
-        super()._on_turn(req)
-        run = self.turns.get(req.turn_id)
-        if not existing and run is not None and len(run.call_ids) > 1:
+    def _on_turn_planned(self, event: TurnPlanned) -> None:
+        run = self.turns.get(event.turn_id)
+        unplanned = run is not None and run.segments is None
+        super()._on_turn_planned(event)
+        if unplanned and run is not None and len(run.call_ids) > 1:
             run.call_ids = run.call_ids[:-1]
 
 

@@ -60,6 +60,7 @@ from toolwire.actors.effects import (
     ProcessSnapshot,
     Publish,
     ReleaseKept,
+    ResolveTurn,
     RunTool,
     SendReplay,
     ShrinkOutput,
@@ -86,7 +87,6 @@ from toolwire.actors.events import (
     TurnResultEvent,
 )
 from toolwire.actors.journal_rows import JournalRow
-from toolwire.actors.reservations import reserve
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_AGENT_FAILURE_BEFORE_RUN,
@@ -562,6 +562,18 @@ class SeedWorld(World):
             )
 
     # -- tools ---------------------------------------------------------------------------------
+
+    def resolve_turn(self, effect: ResolveTurn) -> None:
+        super().resolve_turn(effect)
+        turn_id = effect.turn_id
+        if turn_id in self.resolving:
+            # On a worker thread: its paths come back a seeded hop later, and a cancel, an
+            # interrupt, a repeat or a close of the turn may come first.
+            def resolved() -> None:
+                if turn_id in self.resolving:
+                    self.paths_resolved(turn_id)
+
+            self.later(self.sim.rng.uniform(0.0, 0.02), resolved)
 
     def run_tool(self, effect: RunTool) -> None:
         plan = self.sim.calls.get((self.chat_id, effect.call_id))
@@ -1708,10 +1720,7 @@ def _as_input(conn: int, req: Request) -> tuple[Input, int]:
         case ApproveReq():
             return ApproveRequest(conn, req.call_id, req.approved, req.rid, None, req.scope), 1
         case TurnReq():
-            # As the shell does: each call's reservation read first (the seed's files are in
-            # memory under a workspace that does not exist on disk: nothing there to follow).
-            reservations = reserve(req.specs, WORKSPACE)
-            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid, reservations), 1
+            return TurnRequest(conn, req.turn_id, req.specs, req.stream, req.rid), 1
         case InterruptReq():
             return InterruptRequest(conn, req.turn_id, req.rid), 1
         case CloseChatReq():

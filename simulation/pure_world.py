@@ -3,7 +3,8 @@ checks PROTOCOL.md 5.0-5.7 after every step (no trio, no I/O, no clock: time is 
 
 `World` carries out the effects of one chat the way actors/chat.py does, with everything that
 takes time left pending until someone lets it happen: journal commits, tools on threads,
-process exits and reaps, the grace of a stop, timers, read-backs. Two drivers use it:
+process exits and reaps, the grace of a stop, timers, read-backs, the resolution of a turn's
+paths. Two drivers use it:
 tests/test_chat_state.py's hypothesis `RuleBasedStateMachine` (its rules pick what happens
 next) and the pure seed mode of `toolwire sim` (simulation/pure_seed.py, where a seeded
 schedule does), which subclasses it with a process model and file tools.
@@ -60,6 +61,7 @@ from toolwire.actors.effects import (
     ReadBack,
     Recovered,
     ReleaseKept,
+    ResolveTurn,
     Restored,
     ResultsRead,
     ResultsReadFailed,
@@ -77,11 +79,13 @@ from toolwire.actors.effects import (
     StopRun,
     ToolEnded,
     ToolStopped,
+    TurnPlanned,
     TurnRequest,
     WatchGroup,
 )
 from toolwire.actors.events import (
     AcceptedEvent,
+    ApprovalEvent,
     ApprovalResolvedEvent,
     CancelResultEvent,
     ChatClosedEvent,
@@ -92,6 +96,8 @@ from toolwire.actors.events import (
     TurnResultEvent,
 )
 from toolwire.actors.journal_rows import JournalRow
+from toolwire.actors.planner import BARRIER_RESERVATION, plan_segments
+from toolwire.actors.reservations import reserve, reserve_at_once
 from toolwire.actors.result_cache import ResultCache
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
@@ -153,6 +159,7 @@ class Owed:
     closes: int = 0
     closed: int = 0
     turns: Counter[str] = field(default_factory=Counter)
+    turn_plans: Counter[str] = field(default_factory=Counter)
     turn_results: Counter[str] = field(default_factory=Counter)
 
 
@@ -215,6 +222,8 @@ class World:
         self.owed: dict[Any, Owed] = {}
         self.turn_calls: dict[str, list[str]] = {}
         self.refusal: ToolwireError | None = None
+        # Where a turn's paths resolve: it does not exist, so nothing on disk is followed.
+        self.workspace = "/ws"
         self.new_state()
 
     def conn_names(self) -> list[Any]:
@@ -247,9 +256,18 @@ class World:
         self.asking: Input | None = None  # the request being handled
         self.handling: Input | None = None  # the input being handled (a request or a report)
         self.group_failures = 0  # how many of the next steps on a process group fail at once
+        # Groups every step on which fails (the kernel refuses every look at them, as under a
+        # seccomp filter: tests/test_group_lost.py), the SIGKILL after the failure too.
+        self.broken_groups: set[str] = set()
         # The step that failed on each group the shell reported lost (`GroupLost`), until the
         # chat has handled the report.
         self.lost_steps: dict[str, type] = {}
+        # Turns whose paths the shell is resolving (`ResolveTurn`), until it feeds `TurnPlanned`;
+        # the plan each turn must get from what was fed; and the `turn` requests of each turn
+        # not planned yet, in order: they are answered once it is.
+        self.resolving: dict[str, ResolveTurn] = {}
+        self.plans: dict[str, list[list[str]]] = {}
+        self.unplanned_asks: dict[str, deque[TurnRequest]] = {}
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -273,9 +291,11 @@ class World:
         if isinstance(event, CallRequest | AttachRequest):
             call_id = event.spec.call_id if isinstance(event, CallRequest) else event.call_id
             self.asked[(event.conn, call_id)] += 1
-        elif isinstance(event, TurnRequest) and event.stream:
-            for spec in event.specs:
-                self.asked[(event.conn, spec.call_id)] += 1
+        elif isinstance(event, TurnRequest):
+            run = self.state.turns.get(event.turn_id)
+            if run is not None and run.segments is None:
+                # Answered once its plan is known (PROTOCOL.md 5.6: `turn_plan` first).
+                self.unplanned_asks.setdefault(event.turn_id, deque()).append(event)
         self.drain()
         return True
 
@@ -310,6 +330,7 @@ class World:
             if isinstance(event, GroupLost):
                 self.check_group_lost(event.call_id, held, effects)
             self.carry_out(effects)
+            self.asking = None  # a turn request answered with its plan (`sent`)
 
     def check_group_lost(self, call_id: str, held: bool, effects: list[Effect]) -> None:
         """A step on a group failed in the shell, and nothing more will be reported of it
@@ -388,9 +409,12 @@ class World:
                 self.stop_run(effect)
             elif isinstance(effect, Spawn):
                 self.spawn(effect)
-            elif isinstance(effect, StopGroup | KillGroup | WatchGroup) and self.group_failures:
+            elif isinstance(effect, StopGroup | KillGroup | WatchGroup) and (
+                self.group_failures or effect.call_id in self.broken_groups
+            ):
                 # The shell could not carry the step out (it logged why): ChatState is told.
-                self.group_failures -= 1
+                if effect.call_id not in self.broken_groups:
+                    self.group_failures -= 1
                 proc = self.procs.get(effect.call_id)
                 if proc is not None and proc.stopping == "waiting":
                     proc.stopping = None  # its SIGKILL never went: it lives on its own
@@ -409,6 +433,8 @@ class World:
                 self.timers.pop(effect.key, None)
             elif isinstance(effect, ReadBack):
                 self.reads.append(effect.call_ids)
+            elif isinstance(effect, ResolveTurn):
+                self.resolve_turn(effect)
             elif isinstance(effect, Forgotten):
                 self.life[effect.call_id] += 1
                 self.unfollow(effect.call_id)
@@ -442,6 +468,10 @@ class World:
             self.streams.add(key)
         if resolved:
             self.resolved.add(key)
+        if isinstance(self.asking, TurnRequest) and self.asking.stream:
+            # A streamed turn's call waits for its one result like a `call` (5.0), from the
+            # moment its request follows it (once the turn is planned).
+            self.asked[key] += 1
         if effect.mode == FollowMode.REPLAY:
             self.replays_owed[key] += 1
             return
@@ -479,6 +509,8 @@ class World:
         self.replays_owed[(effect.conn, effect.call_id)] -= 1
 
     def publish(self, effect: Publish) -> None:
+        if isinstance(effect.event, ApprovalEvent):
+            self.check_turn_start(effect.call_id)  # a gate parks as its call's turn starts it
         for conn in self.published_to(effect):
             self.streamed(conn, effect.call_id, effect.event)
 
@@ -577,6 +609,41 @@ class World:
     def shutdown_done(self) -> None:
         """The chat's part of a shutdown is over (the agent then makes the journal durable)."""
 
+    def resolve_turn(self, effect: ResolveTurn) -> None:
+        """As actors/chat.py does: a turn none of whose calls names a path is planned at once,
+        in the same drain; any other waits for its paths (`paths_resolved`), on a worker
+        thread in the shell, while other inputs may come."""
+        require(
+            effect.turn_id not in self.resolving,
+            "d.resolved_twice",
+            f"turn {effect.turn_id}: resolved again while its paths are being resolved",
+        )
+        at_once = reserve_at_once(effect.specs)
+        if at_once is None:
+            self.resolving[effect.turn_id] = effect
+            return
+        self.planned(effect, TurnPlanned(effect.turn_id, at_once))
+        self.inbox.append(TurnPlanned(effect.turn_id, at_once))
+
+    def paths_resolved(self, turn_id: str, *, fails: bool = False) -> None:
+        """The worker thread resolving the turn's paths is done (or it raised)."""
+        effect = self.resolving.pop(turn_id)
+        if fails:
+            planned = TurnPlanned(turn_id, (), failure="OSError: simulated")
+        else:
+            planned = TurnPlanned(turn_id, reserve(effect.specs, self.workspace))
+        self.planned(effect, planned)
+        self.feed(planned)
+
+    def planned(self, effect: ResolveTurn, planned: TurnPlanned) -> None:
+        """The plan the turn must get from what the shell feeds (each call alone if nothing is
+        known of what they touch)."""
+        ids = [spec.call_id for spec in effect.specs]
+        held = planned.reservations
+        if planned.failure is not None:
+            held = (BARRIER_RESERVATION,) * len(ids)
+        self.plans[effect.turn_id] = plan_segments(ids, held)
+
     def stop_run(self, effect: StopRun) -> None:
         if self.tasks.pop(effect.call_id, None) is not None:
             self.inbox.append(ToolStopped(effect.call_id))
@@ -642,6 +709,7 @@ class World:
 
     def started(self, call_id: str, *, read_only: bool) -> None:
         """An effect happens: at most once per record, and only once its start is durable."""
+        self.check_turn_start(call_id)
         key = (call_id, self.life[call_id])
         if read_only:
             # Changes nothing: it may run again after a restart (no start row is kept).
@@ -713,6 +781,11 @@ class World:
                 "d.turn_result_unasked",
                 f"turn {event.turn_id}: more turn_results than turn requests",
             )
+            require(
+                owed.turn_results[event.turn_id] <= owed.turn_plans[event.turn_id],
+                "d.sent_before_plan",
+                f"turn {event.turn_id}: a turn_result before its turn_plan",
+            )
             calls = self.turn_calls[event.turn_id]
             # In request order, each the call's one result.
             require(
@@ -723,7 +796,44 @@ class World:
             for call_id, result in zip(calls, event.results, strict=True):
                 self.check_result(call_id, result)
         elif isinstance(event, TurnPlanEvent):
-            pass
+            self.turn_plan_sent(conn, event)
+
+    def turn_plan_sent(self, conn: Any, event: TurnPlanEvent) -> None:
+        """5.6: a turn is planned with what its calls reserve, resolved by the shell (which
+        reads the filesystem, so never inside ChatState); nothing of the turn goes out before
+        its `turn_plan`. A request answered now, after its turn's plan came, follows the turn's
+        calls from here (`asking`)."""
+        self.owed[conn].turn_plans[event.turn_id] += 1
+        require(
+            event.turn_id not in self.resolving and self.plans.get(event.turn_id) == event.segments,
+            "d.plan_before_resolved",
+            f"turn {event.turn_id}: turn_plan {event.segments} to {conn}, while the plan its "
+            f"resolved paths give is {self.plans.get(event.turn_id, 'not known yet')}",
+        )
+        if isinstance(self.handling, TurnPlanned):
+            asks = self.unplanned_asks.get(event.turn_id)
+            ask = asks.popleft() if asks else None
+            require(
+                ask is not None and ask.conn == conn and ask.rid == event.rid,
+                "d.plan_unasked",
+                f"turn {event.turn_id}: a turn_plan to {conn} for no request waiting for it",
+            )
+            self.asking = ask
+
+    def check_turn_start(self, call_id: str) -> None:
+        """A call a turn created starts (or parks at its gate) only under a turn that is
+        planned: never while what the calls reserve is still being resolved. (A record the turn
+        found, such as a gate restored after a restart, is not the turn's to hold back.)"""
+        turns = self.state.turns.values()
+        held_back = any(
+            run.segments is None and run.asks and call_id in run.asks[0].created for run in turns
+        )
+        require(
+            not held_back
+            or any(run.segments is not None and call_id in run.members for run in turns),
+            "d.started_unplanned",
+            f"{call_id} starts before the turn that created it is planned",
+        )
 
     def check_result(self, call_id: str, result: Result) -> None:
         """Results never contradict each other, and none goes out before it is durable."""
@@ -845,7 +955,9 @@ class World:
     def quiesce(self) -> None:
         """Let everything pending happen, until nothing is left."""
         for _ in range(200):
-            if self.pending_writes:
+            if self.resolving:
+                self.paths_resolved(next(iter(self.resolving)))
+            elif self.pending_writes:
                 self.commit(len(self.pending_writes))
             elif self.reads:
                 self.read_back()

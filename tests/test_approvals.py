@@ -38,6 +38,7 @@ from toolwire.actors.events import (
     ApprovalResolvedEvent,
     Event,
     ResultEvent,
+    TurnPlanEvent,
 )
 from toolwire.actors.outbox import Outbox
 from toolwire.actors.results import TEXT_APPROVAL_EXPIRED, TEXT_CANCELED_BEFORE_RUN, TEXT_DENIED
@@ -716,6 +717,22 @@ async def until_written(
         clock.autojump_threshold = 0
 
 
+async def until_planned(clock: trio.testing.MockClock, outbox: Outbox, turn_id: str) -> list[Event]:
+    """Take events until the turn's `turn_plan`, then until the agent is idle. A turn naming
+    paths has them resolved on a worker thread before it is planned (issue 28): no autojump
+    meanwhile, as in `until_written`."""
+    clock.autojump_threshold = math.inf
+    try:
+        events: list[Event] = []
+        while not any(isinstance(e, TurnPlanEvent) and e.turn_id == turn_id for e in events):
+            await outbox.wait()
+            events += outbox.take(10_000)
+        await trio.testing.wait_all_tasks_blocked()
+        return events + outbox.take(10_000)
+    finally:
+        clock.autojump_threshold = 0
+
+
 async def test_expiry_counts_from_the_gate_in_virtual_time(
     autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -749,8 +766,7 @@ async def test_expiry_counts_from_the_gate_in_virtual_time(
         stream=True,
         rid=None,
     )  # fmt: skip
-    await trio.testing.wait_all_tasks_blocked()
-    events = take()
+    events = await until_planned(autojump_clock, outbox, "T")
     assert [e.state for e in events if isinstance(e, AcceptedEvent)][:2] == [
         "awaiting_approval"
     ] * 2

@@ -34,11 +34,14 @@ from toolwire.actors.effects import (
     CancelRequest,
     CloseChatRequest,
     DetachRequest,
+    Follow,
     InterruptRequest,
+    ResolveTurn,
     Send,
     Shutdown,
     Sweep,
     ToolEnded,
+    TurnPlanned,
     TurnRequest,
 )
 from toolwire.actors.events import ResultEvent, TurnPlanEvent
@@ -149,7 +152,7 @@ class ChatStateMachine(RuleBasedStateMachine):
         owed.turns[turn_id] += 1
         before = self.world.turn_calls.get(turn_id)
         self.world.turn_calls[turn_id] = [s.call_id for s in specs]
-        turn = TurnRequest(self.conn(conn), turn_id, specs, stream, None, reserve(specs, "/ws"))
+        turn = TurnRequest(self.conn(conn), turn_id, specs, stream, None)
         if not self.world.request(turn):
             owed.turns[turn_id] -= 1
             if before is not None:
@@ -174,6 +177,16 @@ class ChatStateMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 4))
     def commit(self, n: int) -> None:
         self.world.commit(n)
+
+    @precondition(lambda self: self.world.resolving)
+    @rule(data=st.data(), fails=st.booleans())
+    def paths_resolved(self, data: st.DataObject, fails: bool) -> None:
+        """The shell's worker thread has resolved what a turn's calls reserve (or raised: the
+        calls the turn created then fail, saying why). Until then the turn is admitted but
+        unplanned: its calls start not, nothing of it is sent, and cancels, interrupts,
+        repeats, detaches and closes of it are handled meanwhile."""
+        turn_id = data.draw(st.sampled_from(sorted(self.world.resolving)))
+        self.world.paths_resolved(turn_id, fails=fails)
 
     @precondition(lambda self: self.world.tasks)
     @rule(data=st.data())
@@ -225,6 +238,13 @@ class ChatStateMachine(RuleBasedStateMachine):
         kill, a watch): the call ends `unknown`, the group gets SIGKILL, and if that fails too,
         the group is given up; nothing waits for it forever (`World.check_group_lost`)."""
         self.world.group_failures = n
+
+    @precondition(lambda self: self.world.procs)
+    @rule(data=st.data())
+    def a_group_breaks(self, data: st.DataObject) -> None:
+        """From now on every step on one command's group fails in the shell: after the first
+        (`GroupLost`), the SIGKILL too, so the group must be given up."""
+        self.world.broken_groups.add(data.draw(st.sampled_from(sorted(self.world.procs))))
 
     @rule()
     def journal_refuses_the_close(self) -> None:
@@ -601,7 +621,8 @@ def test_planning_a_turn_makes_no_filesystem_call() -> None:
         CallSpec("k2", "write_file", {"path": "./f", "content": "x"}),
         CallSpec("k3", "search_files", {"pattern": "x"}),
     )
-    turn = TurnRequest("a0", "t1", specs, True, None, reserve(specs, "/ws"))
+    turn = TurnRequest("a0", "t1", specs, True, None)
+    planned = TurnPlanned("t1", reserve(specs, "/ws"))
     watched = {posixpath.realpath.__code__, posixpath.expanduser.__code__}
     builtins = {os.stat, os.lstat, os.readlink, os.listdir, os.scandir}
     seen: list[str] = []
@@ -614,10 +635,14 @@ def test_planning_a_turn_makes_no_filesystem_call() -> None:
 
     sys.setprofile(profile)
     try:
-        effects = world.state.handle(turn, world.now, world.wall_ms)
+        asked = world.state.handle(turn, world.now, world.wall_ms)
+        effects = world.state.handle(planned, world.now, world.wall_ms)
     finally:
         sys.setprofile(None)
     assert seen == []
+    # The turn asks the shell for what its calls reserve, and sends nothing before its plan.
+    assert [e for e in asked if isinstance(e, Send | Follow)] == []
+    assert [e for e in asked if isinstance(e, ResolveTurn)] == [ResolveTurn("t1", specs)]
     # The plan is the one the resolved paths give: the write of f conflicts with its read.
     plans = [e for e in effects if isinstance(e, Send) and isinstance(e.event, TurnPlanEvent)]
     assert plans[0].event.segments == [["k1"], ["k2"], ["k3"]]
@@ -637,3 +662,88 @@ def test_a_close_whose_records_are_forgotten_while_it_stops_a_group_still_answer
     machine.commit(n=1)
     machine.time_passes(seconds=40.0)
     machine.teardown()
+
+
+# --- a turn whose paths are being resolved (issue 28) ---------------------------------------------
+
+TURN_OF_WRITES = (
+    CallSpec("k1", "write_file", {"path": "f", "content": "1"}),
+    CallSpec("k2", "write_file", {"path": "f", "content": "2"}),
+)
+
+
+def _unplanned_turn(world: World, *, stream: bool = True) -> None:
+    """A turn of two writes of one file, admitted, its paths still being resolved."""
+    world.owed["a0"].turns["t1"] += 1
+    world.turn_calls["t1"] = [s.call_id for s in TURN_OF_WRITES]
+    assert world.request(TurnRequest("a0", "t1", TURN_OF_WRITES, stream, None))
+    assert "t1" in world.resolving
+    assert world.owed["a0"].turn_plans["t1"] == 0 and not world.owed["a0"].accepted
+
+
+def test_an_interrupt_of_a_turn_being_planned_ends_its_calls_and_answers_after_its_plan() -> None:
+    """5.7 with 5.6: the interrupt ends the queued calls at once (`not_run`, nothing runs); the
+    turn's `turn_plan` still comes first, then its `turn_result` with those results, then the
+    `interrupted`, once the paths are resolved."""
+    world = World(journal_keeps_results=False)
+    _unplanned_turn(world)
+    world.owed["a0"].interrupts += 1
+    assert world.request(InterruptRequest("a0", "t1", None))
+    world.commit(len(world.pending_writes))  # the not_run results are durable
+    assert world.owed["a0"].interrupted == 0, "interrupted before the turn's turn_result"
+    assert world.owed["a0"].turn_results["t1"] == 0
+    world.paths_resolved("t1")
+    assert world.owed["a0"].turn_plans["t1"] == 1 and world.owed["a0"].interrupted == 1
+    world.quiesce()
+    world.check_all_answered()
+    assert not any(world.effects_run.values()), "a call of the interrupted turn ran"
+    for call_id in ("k1", "k2"):
+        result = world.committed[call_id].result
+        assert result is not None and result.outcome is Outcome.NOT_RUN
+
+
+def test_a_turn_whose_paths_cannot_be_resolved_fails_its_calls_and_the_chat_goes_on() -> None:
+    """The shell's resolution raised: each call the turn created ends `failed`, saying why,
+    nothing runs, and the turn is answered; the chat takes the next call as usual."""
+    world = World(journal_keeps_results=False)
+    _unplanned_turn(world, stream=False)
+    world.paths_resolved("t1", fails=True)
+    world.quiesce()
+    world.check_all_answered()
+    for call_id in ("k1", "k2"):
+        result = world.committed[call_id].result
+        assert result is not None and result.outcome is Outcome.FAILED
+        assert "could not resolve the paths of its turn (OSError: simulated)" in result.text
+    assert not any(world.effects_run.values())
+    assert world.request(CallRequest("a0", CallSpec("k3", "read_file", {"path": "f"}), False, None))
+    world.quiesce()
+    world.check_all_answered()
+
+
+def test_a_plan_for_a_turn_that_is_gone_is_ignored() -> None:
+    """A `TurnPlanned` that comes for no unplanned turn (the turn ended and was forgotten, or
+    the chat restarted meanwhile) changes nothing and sends nothing."""
+    world = World(journal_keeps_results=False)
+    assert world.state.handle(TurnPlanned("t1", ()), world.now, world.wall_ms) == []
+    _unplanned_turn(world)
+    world.paths_resolved("t1")
+    world.quiesce()
+    world.check_all_answered()
+    again = reserve(TURN_OF_WRITES, "/ws")
+    assert world.state.handle(TurnPlanned("t1", again), world.now, world.wall_ms) == []
+
+
+def test_a_detach_sent_after_a_turn_being_planned_stops_its_events_there() -> None:
+    """9.9: a detach of a turn's call sent after the (streamed) turn applies once the turn's
+    request follows the call: the connection still gets the call's `accepted` and `result`,
+    but no event of it; a repeat after the detach follows it again."""
+    world = World(journal_keeps_results=False)
+    _unplanned_turn(world)
+    assert world.request(DetachRequest("a0", "k1"))
+    assert world.request(DetachRequest("a0", "k2"))
+    assert world.request(CallRequest("a0", TURN_OF_WRITES[1], True, None))  # k2 followed again
+    world.paths_resolved("t1")
+    assert ("a0", "k1") not in world.streams
+    assert ("a0", "k2") in world.streams
+    world.quiesce()
+    world.check_all_answered()

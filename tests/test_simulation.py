@@ -623,9 +623,15 @@ def test_a_repeated_turn_counts_as_a_request_of_each_of_its_calls() -> None:
             agent.turn(out, "c", "t", [spec], stream=True, rid=1)
             agent.turn(out, "c", "t", [spec], stream=True, rid=2)
             agent.call(out, "c", spec, stream=True, rid=3)
-            requests = [e.requests for e in out.take() if isinstance(e, AcceptedEvent)]
+            # The turn's `accepted` come once its path is resolved (on a worker thread), after
+            # the call's: each says the count as of its own request.
+            requests: list[int] = []
+            with trio.fail_after(10):
+                while len(requests) < 3:
+                    await out.wait()
+                    requests += [e.requests for e in out.take() if isinstance(e, AcceptedEvent)]
             nursery.cancel_scope.cancel()
-        return requests
+        return sorted(requests)
 
     # PROTOCOL.md 4: requests = how many call/turn/attach requests named the call, this one
     # included. Found by `toolwire sim --seed 0 --scenario interrupts`: a repeated turn did not

@@ -14,7 +14,8 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pytest
 import trio
 
 from tests.conftest import LiveServer
-from tests.wsclient import Message, RawConn, messages, of, streamed, wait_for
+from tests.wsclient import Message, RawConn, is_result, messages, of, streamed, wait_for
 from toolwire.actors.tools import files as file_tools
 
 # Every test ends well within this; a hang fails instead of blocking the suite.
@@ -782,3 +783,72 @@ async def test_a_repeated_write_never_rewrites_the_file(live: LiveServer) -> Non
     assert same_bytes(fields(plain), first["results"][0])
     assert other["results"][0]["data"]["content"] == "changed by the user\n"
     assert (ws / "a.txt").read_text() == "changed by the user\n"
+
+
+# --- a turn's paths are resolved off the event loop (issue 28) ------------------------------------
+
+
+@asynccontextmanager
+async def every_worker_thread_taken() -> AsyncIterator[None]:
+    """While open, every token of trio's default thread limiter is held here: work handed to a
+    worker thread (`trio.to_thread.run_sync`) waits for one, deterministically, while whatever
+    runs on the event loop goes on. So a test can hold a turn's path resolution at its start."""
+    limiter = trio.to_thread.current_default_thread_limiter()
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for holder in holders:
+        await limiter.acquire_on_behalf_of(holder)
+    try:
+        yield
+    finally:
+        for holder in holders:
+            limiter.release_on_behalf_of(holder)
+
+
+async def test_a_turn_whose_paths_are_being_resolved_holds_up_no_other_chat(
+    live: LiveServer,
+) -> None:
+    """Resolving a turn's paths reads the filesystem (symlinks, `~`, `..`): on a slow or a
+    network workspace that takes long, so it happens on a worker thread, never on the loop
+    every chat shares. While it waits, another chat's call is answered; the turn itself
+    sends nothing before its plan is known, and runs once it is."""
+    (live.workspace / "f.txt").write_text("x\n")
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            async with every_worker_thread_taken():
+                await conn.send(turn_msg("t", [read("r1", "f.txt")], chat_id="a", stream=True))
+                other = await conn.call("b", "r2", "read_file", {"path": "f.txt"})
+                assert other["type"] == "result" and other["outcome"] == "completed", other
+                assert [m for m in conn.seen if m.get("chat_id") == "a"] == []
+            done = await wait_for(conn, of_turn("turn_result", "t"))
+    assert [r["outcome"] for r in done["results"]] == ["completed"]
+    check_turn_stream(conn, "t", [read("r1", "f.txt")])
+
+
+async def test_requests_behind_a_turn_whose_paths_are_being_resolved_find_its_calls(
+    live: LiveServer,
+) -> None:
+    """The turn is taken when it arrives; only its start waits for its paths. So what comes
+    after it on the chat finds its calls: a `call` of one of them is a repeat (replay true,
+    run once), and a cancel of another is a cancel of a call the agent has (`received: true`)
+    that then never runs (`not_run`, the file keeps the first write)."""
+    (live.workspace / "f.txt").write_text("old\n")
+    calls = [write("w1", "f.txt", "first\n"), write("w2", "f.txt", "second\n")]
+    with trio.fail_after(TEST_DEADLINE_S):
+        async with live.connect() as conn:
+            async with every_worker_thread_taken():
+                await conn.send(turn_msg("t", calls, stream=True, rid="turn"))
+                await conn.send(call_msg(calls[0], rid="again"))
+                await conn.send({"type": "cancel", "chat_id": CHAT, "call_ids": ["w2"]})
+                again = await wait_for(conn, lambda m: m.get("rid") == "again")
+                assert again["type"] == "accepted" and again["replay"] is True, again
+                assert not [m for m in conn.seen if m.get("turn_id") == "t"]
+            done = await wait_for(conn, of_turn("turn_result", "t"))
+            canceled = await wait_for(conn, of("cancel_result", "w2"))
+            # One result for the turn's stream, one for the repeat: the same, of one run.
+            first, second = await wait_count(conn, is_result("w1"), 2)
+    plan = next(m for m in conn.seen if of_turn("turn_plan", "t")(m))
+    assert plan["segments"] == [["w1"], ["w2"]]
+    assert [r["outcome"] for r in done["results"]] == ["completed", "not_run"]
+    assert canceled["received"] is True and canceled["result"]["text"] == NOT_RUN_TEXT
+    assert first["outcome"] == "completed" and fields(first) == fields(second)
+    assert (live.workspace / "f.txt").read_text() == "first\n"

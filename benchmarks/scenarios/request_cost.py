@@ -54,15 +54,13 @@ def chat_state(max_ids: int = 1_000_000) -> ChatState:
 
 
 def turn_request(specs: tuple[CallSpec, ...], *, stream: bool) -> fx.TurnRequest:
-    """A turn as the shell hands it over: each call's reservation already read (its paths
-    resolved against a workspace that does not exist: nothing on disk to see)."""
-    return fx.TurnRequest(CONN, "turn", specs, stream, None, reserve(specs, WORKSPACE))
+    return fx.TurnRequest(CONN, "turn", specs, stream, None)
 
 
 def drive(state: ChatState, first: fx.Input) -> list[fx.Effect]:
     """Apply `first`, then every completion its effects report, one input at a time as the
-    shell does (each durable row and each tool's end is one more `handle`). Returns what was
-    sent to connections."""
+    shell does (each durable row, each tool's end and a turn's plan is one more `handle`).
+    Returns what was sent to connections."""
     inbox = [first]
     sent: list[fx.Effect] = []
     index = 0
@@ -73,6 +71,11 @@ def drive(state: ChatState, first: fx.Input) -> list[fx.Effect]:
             if isinstance(effect, fx.JournalWrite | fx.JournalClose):
                 if effect.then is not None:
                     inbox.append(effect.then)
+            elif isinstance(effect, fx.ResolveTurn):
+                # As the shell does (its paths resolved against a workspace that does not
+                # exist: nothing on disk to see).
+                found = reserve(effect.specs, WORKSPACE)
+                inbox.append(fx.TurnPlanned(effect.turn_id, found))
             elif isinstance(effect, fx.RunTool):
                 report = ToolReport(outcome=Outcome.COMPLETED, text="done")
                 inbox.append(fx.ToolEnded(effect.call_id, report))
