@@ -21,6 +21,7 @@ import trio
 
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
+from toolwire.actors.kept import adopt_window
 
 RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
 KEEPER_GONE = (
@@ -157,6 +158,49 @@ async def test_a_foreground_command_survives_kill_9_of_the_agent_and_ends_with_i
     assert result["output"] == "before\nduring\nafter\n"
     assert repeat[-1] == result
     assert (ws / "runs").read_text() == "run\n"
+
+
+async def test_more_commands_than_the_adopt_window_are_each_re_adopted_with_their_own_output(
+    tmp_path: Path,
+) -> None:
+    """A restart asks the keeper for several processes at once (`kept.adopt_window`): each
+    call still gets its own process back, its own output stitched from offset 0 and its own
+    result, and none runs twice."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    count = 3 * adopt_window() + 1
+    _fifos(ws, *(f"f{i}" for i in range(count)))
+    async with _agent(tmp_path) as (server, conn):
+        for i in range(count):
+            command = (
+                f"echo run{i} >> runs; echo before{i}; {_tell(f'f{i}')}; {_wait_for('go')}; "
+                f"echo after{i}; exit {i}"
+            )
+            await conn.send({"type": "call", "chat_id": "c", "call_id": f"k{i}",
+                             "tool": "execute", "args": {"command": command}})  # fmt: skip
+        for i in range(count):
+            await _told(ws / f"f{i}")
+        await _kill9(server)
+    async with _agent(tmp_path) as (server, conn):
+        for i in range(count):
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": f"k{i}",
+                             "from_offset": 0})  # fmt: skip
+        (ws / "go").touch()
+        got: list[dict[str, Any]] = []
+        results: dict[str, dict[str, Any]] = {}
+        with trio.fail_after(60):
+            while len(results) < count:
+                message = await conn.recv()
+                got.append(message)
+                if message["type"] == "result":
+                    results[message["call_id"]] = message
+    for i in range(count):
+        mine = [m for m in got if m.get("call_id") == f"k{i}"]
+        assert _output_of(mine) == (0, f"before{i}\nafter{i}\n"), mine
+        result = results[f"k{i}"]
+        assert result["outcome"] == "completed" and result["data"]["exit_code"] == i, result
+        assert result["output"] == f"before{i}\nafter{i}\n"
+    assert sorted((ws / "runs").read_text().split()) == sorted(f"run{i}" for i in range(count))
 
 
 async def test_a_command_that_ends_while_no_agent_runs_gets_its_real_result(
