@@ -39,7 +39,7 @@ import trio
 
 from toolwire.actors import keeper_store
 from toolwire.actors import terminal as terminals
-from toolwire.actors.keeper import SOCKET_NAME, read_secret
+from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.processes import ExitStatus, InputClosed, has_live_member
 from toolwire.actors.sandbox import Confinement
@@ -90,6 +90,7 @@ class KeeperClient:
         self._child = child  # the keeper, when this agent started it (reaped if it dies)
         self._rid = 0
         self._handles: dict[str, KeptProcess] = {}
+        self._reader = MessageReader()
         # Requests sent and not waited for yet, and replies that came before their turn.
         self._awaited: set[int] = set()
         self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
@@ -179,7 +180,7 @@ class KeeperClient:
         poller.register(self._sock, select.POLLIN)
         while not self.lost:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 20, 16)
+                data, fds = self._reader.recv_fds(self._sock, 16)
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -216,7 +217,7 @@ class KeeperClient:
                 return
             while not self.lost:
                 try:
-                    data = self._sock.recv(1 << 20)
+                    data: memoryview | bytes = self._reader.recv(self._sock)
                 except BlockingIOError:
                     break
                 except OSError:
