@@ -98,7 +98,7 @@ class Held:
 
     key: str
     pid: int
-    pidfd: int
+    pidfd: int | None  # closed once the process is done (reaped, its output ended)
     read_fd: int | None  # output pipe, or the terminal's master
     input_fd: int | None  # stdin pipe's write end, or the terminal's master
     terminal: bool
@@ -120,6 +120,7 @@ class Held:
     grace_s: float = 2.0
     kill_due: float | None = None  # monotonic time of the SIGKILL once the SIGTERM went
     killed_after: bool = False
+    reaping: bool = False  # inside `_on_exit`, which writes the exit after a last drain
 
     @property
     def done(self) -> bool:
@@ -198,7 +199,7 @@ class Keeper:
                 del self.deadlines[held.key]  # no member left: nothing to stop
                 continue
             held.killed_after = True
-            if held.recording is not None:
+            if held.recording is not None and not held.done:  # a done one's record is closed
                 held.recording.write_killed_after()
             held.kill_due = now + held.grace_s
             wait = min(wait, held.grace_s)
@@ -414,6 +415,7 @@ class Keeper:
             # Before the loop reads anything of it: its first byte goes into this file.
             path, fd = self.spares.take()
             held.recording = keeper_store.Recording(path, meta, fd)
+            assert held.pidfd is not None  # closed only once it is done
             self.selector.register(held.pidfd, selectors.EVENT_READ, lambda _m: self._on_exit(held))
             self._update_reading(held)
 
@@ -432,8 +434,9 @@ class Keeper:
             held.forward = mine
             fds.append(theirs.detach())
             names.append("out")
-        fds.append(os.dup(held.pidfd))
-        names.append("pidfd")
+        if held.pidfd is not None:  # a process that is done needs none: its exit is known
+            fds.append(os.dup(held.pidfd))
+            names.append("pidfd")
         if held.input_fd is not None:
             fds.append(os.dup(held.input_fd))
             names.append("input")
@@ -596,6 +599,8 @@ class Keeper:
         # keeper a second wake and the agent a second one on the path to the call's result.
         if held.status is None and held.recording is not None:
             self._on_exit(held)
+        elif not held.reaping:  # (`_on_exit` settles it itself, once its exit is written)
+            self._settle(held)
 
     def _drain(self, held: Held) -> None:
         """What the pipe holds right now, recorded and queued for the agent (at most a pipe's
@@ -627,6 +632,7 @@ class Keeper:
             pid, status = held.pid, 0xFF00  # cannot happen to a child of ours: exit 255
         if pid == 0:
             return
+        assert held.pidfd is not None
         self.selector.unregister(held.pidfd)
         signum = 0
         if os.WIFSIGNALED(status):
@@ -634,11 +640,29 @@ class Keeper:
             held.status = (None, keeper_store.signal_name(signum))
         else:
             held.status = (os.waitstatus_to_exitcode(status), None)
+        held.reaping = True
         if not held.paused:
             self._drain(held)
         assert held.recording is not None
         held.recording.write_exit(held.status[0], signum, wall_ms(), killed_after=held.killed_after)
+        held.reaping = False
         self._maybe_tell_exit(held)
+        self._settle(held)
+
+    def _settle(self, held: Held) -> None:
+        """A process that is done (reaped, its output ended) keeps no descriptor here until it
+        is forgotten: it stays listed, its record on disk, for an hour (`exited_retention_s`),
+        and a pidfd and an open file for each such process would run the keeper out of
+        descriptors after some 10,000 commands within the hour at a hard limit of 20,000,
+        where a spawn's `socketpair` or `pidfd_open` fails out of the keeper's loop. A record
+        is opened again only when it is given back as a spare."""
+        if not held.done:
+            return
+        if held.pidfd is not None:
+            os.close(held.pidfd)
+            held.pidfd = None
+        if held.recording is not None:
+            held.recording.close()
 
     def _maybe_tell_exit(self, held: Held) -> None:
         if held.status is None or held.exit_sent or held.backlog or held.paused:
@@ -653,7 +677,8 @@ class Keeper:
         self._stop_forwarding(held)
         if held.input_fd is not None:
             os.close(held.input_fd)
-        os.close(held.pidfd)
+        if held.pidfd is not None:
+            os.close(held.pidfd)
         if held.recording is not None:
             self.spares.give_back(held.recording.path, held.recording.detach())
 

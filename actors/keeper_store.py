@@ -167,7 +167,7 @@ class Recording:
             self._fd = -1
 
     def detach(self) -> int:
-        """The file's descriptor, which this recording no longer writes to."""
+        """The file's descriptor, which this recording no longer writes to (-1 once closed)."""
         fd, self._fd = self._fd, -1
         return fd
 
@@ -236,7 +236,14 @@ class SpareFiles:
 
     def give_back(self, path: str, fd: int) -> None:
         """A forgotten process's file: a spare again (its magic zeroed at once, so no reader
-        takes it for a record), or deleted when there are spares enough."""
+        takes it for a record), or deleted when there are spares enough. `fd` -1: the file is
+        closed (its process was done), and opened again here."""
+        try:
+            if fd < 0:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            remove(path)
+            return
         try:
             os.pwrite(fd, bytes(len(MAGIC)), 0)
         except OSError:
