@@ -18,7 +18,9 @@ recorded output read from the state dir.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import logging
 import os
 import select
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,7 +39,7 @@ import trio
 
 from toolwire.actors import keeper_store
 from toolwire.actors import terminal as terminals
-from toolwire.actors.keeper import SOCKET_NAME, read_secret
+from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.processes import ExitStatus, InputClosed, has_live_member
 from toolwire.actors.sandbox import Confinement
@@ -50,6 +53,11 @@ REQUEST_TIMEOUT_S: Final = 5.0
 # How long a new keeper may take to listen (a Python start: tens of milliseconds).
 START_TIMEOUT_S: Final = 10.0
 READ_BYTES: Final = 256 * 1024
+# The most `adopt` requests a restarting agent keeps in flight (`readopt`); see `adopt_window`.
+ADOPT_WINDOW: Final = 32
+# Where Linux says how many messages a unix datagram or seqpacket socket queues for its reader
+# (10 by default): one more and the sender's `send` fails with EAGAIN.
+_QUEUE_LENGTH_PATH: Final = "/proc/sys/net/unix/max_dgram_qlen"
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -82,6 +90,10 @@ class KeeperClient:
         self._child = child  # the keeper, when this agent started it (reaped if it dies)
         self._rid = 0
         self._handles: dict[str, KeptProcess] = {}
+        self._reader = MessageReader()
+        # Requests sent and not waited for yet, and replies that came before their turn.
+        self._awaited: set[int] = set()
+        self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
         self.lost = False
 
     @classmethod
@@ -143,17 +155,32 @@ class KeeperClient:
         """Send `message` and wait (blocking) for its reply and the descriptors it carries;
         the keeper's events that come first are handled on the way. OSError if the keeper is
         gone or does not answer."""
+        return self.wait_reply(self.start_request(message))
+
+    def start_request(self, message: dict[str, Any]) -> int:
+        """Send `message` without waiting for its reply: its rid, for `wait_reply`. Several may
+        be in flight (the keeper answers in order); each must be waited for."""
         if self.lost:
             raise OSError(errno.ENOTCONN, "the keeper is gone")
         self._rid += 1
         rid = message["rid"] = self._rid
+        self._awaited.add(rid)
         self.send(message)
+        return rid
+
+    def wait_reply(self, rid: int) -> tuple[dict[str, Any], list[int]]:
+        """The reply to the request `rid` (see `request`); replies to other requests still in
+        flight that come first are kept for their own `wait_reply`."""
+        self._awaited.discard(rid)
+        early = self._replies.pop(rid, None)
+        if early is not None:
+            return early
         deadline = time.monotonic() + REQUEST_TIMEOUT_S
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
         while not self.lost:
             try:
-                data, fds, _flags, _addr = socket.recv_fds(self._sock, 1 << 20, 16)
+                data, fds = self._reader.recv_fds(self._sock, 16)
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -167,8 +194,12 @@ class KeeperClient:
                 self._lose()
                 break
             reply: dict[str, Any] = _decoder.decode(data)
-            if reply.get("rid") == rid:
+            got = reply.get("rid")
+            if got == rid:
                 return reply, fds
+            if got in self._awaited:
+                self._replies[got] = (reply, fds)
+                continue
             for fd in fds:
                 os.close(fd)
             self._dispatch(reply)
@@ -186,7 +217,7 @@ class KeeperClient:
                 return
             while not self.lost:
                 try:
-                    data = self._sock.recv(1 << 20)
+                    data: memoryview | bytes = self._reader.recv(self._sock)
                 except BlockingIOError:
                     break
                 except OSError:
@@ -572,76 +603,127 @@ class Readopted:
     killed_after: bool = False
 
 
+def adopt_window() -> int:
+    """How many `adopt` requests may be in flight at once. The keeper's queue then holds at
+    most that many of them and as many `resume`s, so with fewer than half the kernel's queue
+    length the agent's `send` never has to wait, and it always goes on to read the keeper's
+    replies: had both sides waited for the other's queue to drain, each would have given up on
+    the other after `REQUEST_TIMEOUT_S`, the keeper dropping the connection."""
+    try:
+        with open(_QUEUE_LENGTH_PATH, "rb") as file:
+            queue_length = int(file.read())
+    except (OSError, ValueError):
+        queue_length = 10
+    return max(1, min(ADOPT_WINDOW, (queue_length - 1) // 2))
+
+
 def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> list[Readopted]:
     """Every process recorded in the keeper's directory, found again (at start, before any
     request is taken): the keeper hands back what it still holds, and what it no longer holds
-    is what its files say (an exit status, or none: gone unrecorded)."""
-    found: list[Readopted] = []
+    is what its files say (an exit status, or none: gone unrecorded).
+
+    The `adopt` requests are pipelined, `adopt_window()` in flight: one round trip per
+    process, each waiting for the keeper and then the agent to get a CPU, was most of a
+    restart's re-adoption on a loaded machine. Each process's file is still read only once its
+    own reply came (the keeper has stopped reading its output by then), and its `resume` sent
+    after that, so the file holds exactly the bytes before the new socket's first."""
     base = keeper_store.procs_dir(client.keeper_dir)
     try:
         names = sorted(os.listdir(base))
     except FileNotFoundError:
-        return found
+        return []
+    recorded: list[tuple[str, str]] = []
     for name in names:
         path = os.path.join(base, name)
         # A spare file (keeper_store.SpareFiles) holds no record: the keeper's, left alone.
         header = keeper_store.read_meta(path)
-        if header is None:
-            continue
-        key = keeper_store.key_for(header.chat_id, header.call_id)
+        if header is not None:
+            recorded.append((path, keeper_store.key_for(header.chat_id, header.call_id)))
+    found: list[Readopted] = []
+    asked: deque[tuple[str, str, int | None]] = deque()
+
+    def ask(path: str, key: str) -> None:
         # Asked before the file is read, so that nothing is recorded between the keeper's
         # count and the read (the keeper reads none of that process's output until `resume`).
         try:
-            reply, fds = client.request({"op": "adopt", "key": key})
+            rid: int | None = client.start_request({"op": "adopt", "key": key})
         except OSError:
-            reply, fds = {"held": False}, []
-        recorded = keeper_store.read_process_file(path)
-        if recorded is None:
-            for fd in fds:
-                os.close(fd)
-            continue
-        meta = recorded.meta
-        handle: KeptProcess | None = None
-        status: ExitStatus | None = None
-        total = recorded.output.total
-        killed_after = recorded.exit is not None and recorded.exit.killed_after
-        if reply.get("held"):
-            killed_after = bool(reply.get("killed_after"))
-            exit_ = reply.get("exit")
-            if exit_ is not None:
-                status = ExitStatus(exit_[0], exit_[1])
-            handle = KeptProcess(
-                client,
-                key,
-                reply["pid"],
-                dict(zip(reply["fds"], fds, strict=True)),
-                terminal=meta.terminal,
-                status=status,
-            )
-            total = reply["total"]
-            client.send({"op": "resume", "key": key})  # forwarding starts after `total`
-        elif recorded.exit is not None:
-            status = ExitStatus(recorded.exit.exit_code, recorded.exit.signal)
-        output = OutputBuffer.restored(
-            recorded.output.head,
-            recorded.output.tail,
-            total,
-            retention_bytes=retention_bytes,
-            head_bytes=min(meta.head_bytes, retention_bytes),
-            result_bytes=result_bytes,
-        )
-        found.append(
-            Readopted(
-                meta=meta,
-                handle=handle,
-                status=status,
-                output=output,
-                exited_at_ms=recorded.exit.at_ms if recorded.exit is not None else None,
-                path=path,
-                killed_after=killed_after,
-            )
-        )
+            rid = None
+        asked.append((path, key, rid))
+
+    upcoming = iter(recorded)
+    for path, key in itertools.islice(upcoming, adopt_window()):
+        ask(path, key)
+    while asked:
+        path, key, rid = asked.popleft()
+        reply: dict[str, Any] = {"held": False}
+        fds: list[int] = []
+        if rid is not None:
+            with contextlib.suppress(OSError):  # gone or silent: what its file says
+                reply, fds = client.wait_reply(rid)
+        readopted = _readopted(client, path, key, reply, fds, retention_bytes, result_bytes)
+        if readopted is not None:
+            found.append(readopted)
+        following = next(upcoming, None)
+        if following is not None:
+            ask(*following)
     return found
+
+
+def _readopted(
+    client: KeeperClient,
+    path: str,
+    key: str,
+    reply: dict[str, Any],
+    fds: list[int],
+    retention_bytes: int,
+    result_bytes: int,
+) -> Readopted | None:
+    """One recorded process, from the keeper's answer to its `adopt` and its file."""
+    recorded = keeper_store.read_process_file(path)
+    if recorded is None:
+        for fd in fds:
+            os.close(fd)
+        return None
+    meta = recorded.meta
+    handle: KeptProcess | None = None
+    status: ExitStatus | None = None
+    total = recorded.output.total
+    killed_after = recorded.exit is not None and recorded.exit.killed_after
+    if reply.get("held"):
+        killed_after = bool(reply.get("killed_after"))
+        exit_ = reply.get("exit")
+        if exit_ is not None:
+            status = ExitStatus(exit_[0], exit_[1])
+        handle = KeptProcess(
+            client,
+            key,
+            reply["pid"],
+            dict(zip(reply["fds"], fds, strict=True)),
+            terminal=meta.terminal,
+            status=status,
+        )
+        total = reply["total"]
+        client.send({"op": "resume", "key": key})  # forwarding starts after `total`
+    elif recorded.exit is not None:
+        status = ExitStatus(recorded.exit.exit_code, recorded.exit.signal)
+    output = OutputBuffer.restored(
+        recorded.output.head,
+        recorded.output.tail,
+        total,
+        retention_bytes=retention_bytes,
+        head_bytes=min(meta.head_bytes, retention_bytes),
+        result_bytes=result_bytes,
+    )
+    return Readopted(
+        meta=meta,
+        handle=handle,
+        status=status,
+        output=output,
+        exited_at_ms=recorded.exit.at_ms if recorded.exit is not None else None,
+        path=path,
+        killed_after=killed_after,
+    )
 
 
 def stop_orphan(meta: keeper_store.Meta) -> bool:

@@ -152,6 +152,23 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+def _first_bytes(data: bytes | bytearray, n: int) -> bytearray:
+    """The first `n` bytes of `data` as a bytearray: `data` itself when it is one."""
+    if isinstance(data, bytearray):
+        del data[n:]
+        return data
+    return bytearray(memoryview(data)[:n])
+
+
+def _last_bytes(data: bytes | bytearray, n: int) -> bytearray:
+    """The last `n` bytes of `data` as a bytearray: `data` itself when it is one (a bytearray
+    drops its first bytes in O(1))."""
+    if isinstance(data, bytearray):
+        del data[: len(data) - n]
+        return data
+    return bytearray(memoryview(data)[len(data) - n :])
+
+
 def _check_size(name: str, value: int) -> None:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
@@ -223,8 +240,8 @@ class OutputBuffer:
     @classmethod
     def restored(
         cls,
-        head: bytes,
-        tail: bytes,
+        head: bytes | bytearray,
+        tail: bytes | bytearray,
         total: int,
         *,
         retention_bytes: int = DEFAULT_RETENTION_BYTES,
@@ -240,18 +257,21 @@ class OutputBuffer:
         buffer.load_recorded(head, tail, total)
         return buffer
 
-    def load_recorded(self, head: bytes, tail: bytes, total: int) -> None:
-        """Hold what a recording kept (see `restored`), in place of anything held."""
-        head = head[: min(self._head_limit, total)]
-        tail = tail[max(0, len(tail) - self._tail_limit) :]
-        tail_start = total - len(tail)
-        if tail_start < len(head):  # the ranges overlap: the head holds the start of the tail
-            tail = tail[len(head) - tail_start :]
-            tail_start = len(head)
-        self._head = bytearray(head)
-        self._tail = bytearray(tail)
+    def load_recorded(self, head: bytes | bytearray, tail: bytes | bytearray, total: int) -> None:
+        """Hold what a recording kept (see `restored`), in place of anything held. A bytearray
+        is taken over as this buffer's own storage, not copied (its caller gives it up): a
+        restarting agent loads up to `retention_bytes` per process it re-adopts, and each copy
+        of that is paid for once per process before the agent answers anything."""
+        head_len = min(self._head_limit, total, len(head))
+        tail_len = min(len(tail), self._tail_limit)
+        tail_start = total - tail_len
+        if tail_start < head_len:  # the ranges overlap: the head holds the start of the tail
+            tail_len = total - head_len
+            tail_start = head_len
+        self._head = _first_bytes(head, head_len)
+        self._tail = _last_bytes(tail, tail_len)
         self._tail_base = tail_start
-        self._tail_start = max(tail_start, len(head))
+        self._tail_start = max(tail_start, head_len)
         self._total = total
 
     # -- state ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from toolwire.benchmarks.scenarios import (
     bigwrite,
     interactive,
     journal,
+    keeper,
     peers,
     process,
     reqresp,
@@ -66,6 +67,9 @@ SCENARIOS: dict[str, Scenario] = {
             "request_cost", "time per id of cancel, interrupt, turn, close_chat", request_cost.run
         ),
         Scenario("peers", "execute true vs OpenAI's Codex app-server (--codex)", peers.run),
+        Scenario(
+            "keeper", "the keeper: its memory per command, a restart with 100 running", keeper.run
+        ),
     )
 }
 

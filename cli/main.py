@@ -194,7 +194,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME,...",
         help=(
             "run only these scenarios (transport, reqresp, process, sandbox, streaming, scale,"
-            " journal, bigwrite, interactive, abuse, request_cost, peers)"
+            " journal, bigwrite, interactive, abuse, request_cost, peers, keeper)"
         ),
     )
     bench.add_argument(

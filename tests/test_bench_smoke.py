@@ -85,6 +85,15 @@ def test_bench_quick_reports_every_scenario_with_numbers(tmp_path: Path) -> None
         assert all(0 <= v < abuse["params"]["bound_s"] * 1000 for v in worst["repeats"]), worst
         assert abuse["measurements"][f"loop_lag_p99_{attack}"]["repeats"], attack
 
+    # The keeper's rows (PROTOCOL.md 10.1): a restarted agent's first re-adopted output with 1
+    # and N commands running, and the keeper's memory per command held.
+    keeper = doc["scenarios"]["keeper"]
+    many = max(keeper["params"]["commands"])
+    assert {"restart_output_n1", f"restart_output_n{many}", "keeper_bytes_per_process"} <= set(
+        keeper["measurements"]
+    )
+    assert keeper["measurements"]["keeper_rss_idle"]["median"] > 0
+
     # The outside client's row: serve's defaults driven by a client that parses JSON with the
     # standard library, against the same echo.
     transport = doc["scenarios"]["transport"]

@@ -21,6 +21,8 @@ import trio
 
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
+from toolwire.actors.keeper_store import SPARE_FILES
+from toolwire.actors.kept import adopt_window
 
 RESTARTED = "the agent restarted while the tool call was running; its outcome is unknown"
 KEEPER_GONE = (
@@ -157,6 +159,82 @@ async def test_a_foreground_command_survives_kill_9_of_the_agent_and_ends_with_i
     assert result["output"] == "before\nduring\nafter\n"
     assert repeat[-1] == result
     assert (ws / "runs").read_text() == "run\n"
+
+
+async def test_more_commands_than_the_adopt_window_are_each_re_adopted_with_their_own_output(
+    tmp_path: Path,
+) -> None:
+    """A restart asks the keeper for several processes at once (`kept.adopt_window`): each
+    call still gets its own process back, its own output stitched from offset 0 and its own
+    result, and none runs twice."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    count = 3 * adopt_window() + 1
+    _fifos(ws, *(f"f{i}" for i in range(count)))
+    async with _agent(tmp_path) as (server, conn):
+        for i in range(count):
+            command = (
+                f"echo run{i} >> runs; echo before{i}; {_tell(f'f{i}')}; {_wait_for('go')}; "
+                f"echo after{i}; exit {i}"
+            )
+            await conn.send({"type": "call", "chat_id": "c", "call_id": f"k{i}",
+                             "tool": "execute", "args": {"command": command}})  # fmt: skip
+        for i in range(count):
+            await _told(ws / f"f{i}")
+        await _kill9(server)
+    async with _agent(tmp_path) as (server, conn):
+        for i in range(count):
+            await conn.send({"type": "attach", "chat_id": "c", "call_id": f"k{i}",
+                             "from_offset": 0})  # fmt: skip
+        (ws / "go").touch()
+        got: list[dict[str, Any]] = []
+        results: dict[str, dict[str, Any]] = {}
+        with trio.fail_after(60):
+            while len(results) < count:
+                message = await conn.recv()
+                got.append(message)
+                if message["type"] == "result":
+                    results[message["call_id"]] = message
+    for i in range(count):
+        mine = [m for m in got if m.get("call_id") == f"k{i}"]
+        assert _output_of(mine) == (0, f"before{i}\nafter{i}\n"), mine
+        result = results[f"k{i}"]
+        assert result["outcome"] == "completed" and result["data"]["exit_code"] == i, result
+        assert result["output"] == f"before{i}\nafter{i}\n"
+    assert sorted((ws / "runs").read_text().split()) == sorted(f"run{i}" for i in range(count))
+
+
+async def test_the_keeper_keeps_no_descriptor_for_a_finished_command(tmp_path: Path) -> None:
+    """Finished commands stay listed for an hour: the keeper holds their records on disk, not
+    a pidfd and an open file each, or a busy hour of short commands would exhaust its
+    descriptors (and a keeper that fails a spawn there takes every command with it). Also
+    re-adopted after a restart, each such command gives its saved result."""
+    count = 40
+    async with _agent(tmp_path) as (server, conn):
+        [keeper] = _keeper_pids(tmp_path / "state")
+        before = None
+        for i in range(count):
+            await conn.send({"type": "call", "chat_id": "c", "call_id": f"k{i}", "tool": "execute",
+                             "args": {"command": f"echo {i}"}})  # fmt: skip
+            await conn.recv_until(lambda m: m["type"] == "result")
+            if i == 4:
+                before = len(os.listdir(f"/proc/{keeper}/fd"))
+        after = len(os.listdir(f"/proc/{keeper}/fd"))
+        # Two per finished command before (70 here); the spare files it makes ahead of the
+        # spawns come and go, up to SPARE_FILES open at once.
+        assert before is not None and after <= before + SPARE_FILES, (before, after)
+        await _kill9(server)
+    async with _agent(tmp_path) as (server, conn):
+        await conn.send({"type": "call", "chat_id": "c", "call_id": "k7", "tool": "execute",
+                         "args": {"command": "echo 7"}})  # fmt: skip
+        got = await conn.recv_until(lambda m: m["type"] == "result")
+        await conn.send({"type": "call", "chat_id": "c", "call_id": "l", "tool": "process_output",
+                         "args": {"process_id": "k9"}})  # fmt: skip
+        listed = await conn.recv_until(lambda m: m["type"] == "result")
+    assert got[-1]["outcome"] == "completed" and got[-1]["output"] == "7\n", got[-1]
+    assert listed[-1]["outcome"] == "completed", listed[-1]
+    assert listed[-1]["data"]["running"] is False and listed[-1]["data"]["exit_code"] == 0
+    assert listed[-1]["output"] == "9\n"
 
 
 async def test_a_command_that_ends_while_no_agent_runs_gets_its_real_result(

@@ -54,6 +54,36 @@ def test_a_recording_keeps_the_first_and_the_newest_bytes(pieces: list[bytes]) -
     assert read.output.tail == whole[max(HEAD, len(whole) - (RETENTION - HEAD)) :]
 
 
+def _reads(buffer: OutputBuffer) -> list[tuple[int, str] | None]:
+    chunks = [
+        buffer.read(o, 1 << 20, final_at=buffer.total) for o in range(0, buffer.total + 1, 61)
+    ]
+    return [None if c is None else (c.offset, c.data) for c in chunks]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=chunks, retention=st.integers(1, 2 * RETENTION))
+def test_a_restored_buffer_takes_over_the_bytearrays_it_is_given_and_reads_as_from_copies(
+    pieces: list[bytes], retention: int
+) -> None:
+    """A restart loads the recorded ranges into each buffer without copying them (the
+    bytearrays read from the file become its storage), also when this agent retains less or
+    more than the recording did: it reads exactly as a buffer loaded from copies."""
+    read = _record(pieces)
+    # As the agent restores it: its own retention, the recording's head within it.
+    limits = {"retention_bytes": retention, "head_bytes": min(HEAD, retention)}
+    total = read.output.total
+    copied = OutputBuffer.restored(
+        bytes(read.output.head), bytes(read.output.tail), total, **limits
+    )
+    taken = OutputBuffer.restored(read.output.head, read.output.tail, total, **limits)
+    assert _reads(taken) == _reads(copied)
+    assert taken.result_output() == copied.result_output()
+    taken.append(b"after")
+    copied.append(b"after")
+    assert _reads(taken) == _reads(copied)
+
+
 @settings(max_examples=200, deadline=None)
 @given(pieces=chunks)
 def test_a_restored_buffer_reads_as_the_buffer_that_saw_every_byte(pieces: list[bytes]) -> None:

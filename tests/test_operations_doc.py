@@ -1,6 +1,7 @@
 """docs/toolwire.service as written: its ExecStart (with its paths moved into a temporary
 directory, and the toolwire of this checkout) starts an agent that answers the probes and the
-scrape, and stops with exit 0 on the SIGTERM that `KillMode=mixed` sends it alone."""
+scrape, and stops with exit 0 on the SIGTERM that `KillMode=process` sends it alone (the mode
+that leaves the keeper and its commands alive when the agent's process ends, PROTOCOL.md 10.1)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ async def test_the_unit_files_execstart_serves_probes_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
     settings = unit_settings()
-    assert settings["KillMode"] == "mixed" and settings["KillSignal"] == "SIGTERM"
+    assert settings["KillMode"] == "process" and settings["KillSignal"] == "SIGTERM"
     argv = shlex.split(settings["ExecStart"])
     assert argv[0].endswith("/toolwire") and argv[1] == "serve"
     moved = {
