@@ -72,7 +72,11 @@ def load(path: Path) -> tuple[list[ModelMessage], dict[str, int]]:
 
 def save(path: Path, messages: Sequence[ModelMessage], shown: dict[str, int]) -> None:
     messages_json = ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
-    path.write_text(json.dumps({"messages": messages_json, "shown": shown}))
+    # Written whole, then renamed over the old file: a server killed mid-save leaves the last
+    # saved history, never half of it.
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text(json.dumps({"messages": messages_json, "shown": shown}))
+    os.replace(temp, path)
 
 
 # -- the scripted model (stands in for an LLM) ------------------------------------------------
