@@ -41,7 +41,7 @@ from toolwire.actors import keeper_store
 from toolwire.actors import terminal as terminals
 from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
 from toolwire.actors.output import OutputBuffer
-from toolwire.actors.processes import ExitStatus, InputClosed, has_live_member
+from toolwire.actors.processes import ExitStatus, InputClosed, group_alive, signal_group
 from toolwire.actors.sandbox import Confinement
 from toolwire.actors.terminal import TerminalSize
 
@@ -475,21 +475,11 @@ class KeptProcess:
 
     def signal_group(self, sig: signal.Signals) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return signal_group(self.pid, sig)
 
     def group_alive(self) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return has_live_member(self.pid)
+        return group_alive(self.pid)
 
     def close(self) -> None:
         """Release the agent's copies (its output ended and its exit is known); the keeper
@@ -778,21 +768,11 @@ class RecordedProcess:
 
     def signal_group(self, sig: signal.Signals) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return signal_group(self.pid, sig)
 
     def group_alive(self) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return has_live_member(self.pid)
+        return group_alive(self.pid)
 
     def close(self) -> None:
         pass

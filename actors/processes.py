@@ -349,24 +349,11 @@ class _RealProcess:
 
     def signal_group(self, sig: signal.Signals) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return signal_group(self.pid, sig)
 
     def group_alive(self) -> bool:
         assert self.pid is not None
-        try:
-            os.killpg(self.pid, 0)  # signal 0: only asks whether the group has a member
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # a member runs as another user (a setuid program): look closer
-        # killpg counts zombies too: members that exited and wait for a reaper. Init reaps
-        # orphans at once on most hosts, but not every PID 1 does (some container and VM inits
-        # never do), so only a member that still runs keeps the group alive.
-        return has_live_member(self.pid)
+        return group_alive(self.pid)
 
     def _close_fd(self, name: str) -> None:
         fd: int | None = getattr(self, name)
@@ -682,6 +669,30 @@ class ProcessTable:
         """The reap of `record` saw its shell exit (pass as `reap`'s on_exit)."""
         if self._running.get(record.process_id) is record:
             del self._running[record.process_id]
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Signal every member of process group `pgid`; False when none is left. Whoever holds the
+    command's process (this module's own, or the keeper's: actors/kept.py) stops it so."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a member of process group `pgid` still runs."""
+    try:
+        os.killpg(pgid, 0)  # signal 0: only asks whether the group has a member
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a member runs as another user (a setuid program): look closer
+    # killpg counts zombies too: members that exited and wait for a reaper. Init reaps
+    # orphans at once on most hosts, but not every PID 1 does (some container and VM inits
+    # never do), so only a member that still runs keeps the group alive.
+    return has_live_member(pgid)
 
 
 def has_live_member(pgid: int) -> bool:
