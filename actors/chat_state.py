@@ -1458,16 +1458,7 @@ class ChatState:
         self._emit(CancelTimer((record.call_id, "deadline")))
         if group is not None and group.killed_after and group.kill_after_ms is not None:
             # Stopped by its keeper at its hard deadline while no agent ran (10.1).
-            self._finish(
-                record,
-                self._execute_result(
-                    record,
-                    event.snapshot,
-                    Outcome.TIMED_OUT,
-                    timed_out=True,
-                    text=text_killed_after(group.kill_after_ms),
-                ),
-            )
+            self._finish_killed_after(record, event.snapshot, group.kill_after_ms)
             return
         outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
         self._finish(record, self._execute_result(record, event.snapshot, outcome))
@@ -1694,16 +1685,7 @@ class ChatState:
         if record is not None and record.state is RecordState.RUNNING:
             self._emit(CancelTimer((record.call_id, "deadline")))
             if group.killed_after and group.kill_after_ms is not None:
-                self._finish(
-                    record,
-                    self._execute_result(
-                        record,
-                        event.snapshot,
-                        Outcome.TIMED_OUT,
-                        timed_out=True,
-                        text=text_killed_after(group.kill_after_ms),
-                    ),
-                )
+                self._finish_killed_after(record, event.snapshot, group.kill_after_ms)
                 return
             outcome = Outcome.CANCELED if record.cancel_requested else Outcome.COMPLETED
             text = TEXT_SHUTDOWN if self.shutting_down and record.cancel_requested else None
@@ -2074,6 +2056,22 @@ class ChatState:
         call = self.calls.get(record.call_id)
         tool = call.spec.tool if call is not None else (record.tool or "")
         return call_results.plain_result(record, tool, outcome, text, self._wall_ms)
+
+    def _finish_killed_after(
+        self, record: ToolCallRecord, snapshot: ProcessSnapshot, kill_after_ms: int
+    ) -> None:
+        """The keeper stopped the command at its hard deadline while no agent ran (10.1):
+        `timed_out`, with 9.2's text, as if the agent had stopped it."""
+        self._finish(
+            record,
+            self._execute_result(
+                record,
+                snapshot,
+                Outcome.TIMED_OUT,
+                timed_out=True,
+                text=text_killed_after(kill_after_ms),
+            ),
+        )
 
     def _execute_result(
         self,
