@@ -38,10 +38,15 @@ import msgspec
 import trio
 
 from toolwire.actors import keeper_store
-from toolwire.actors import terminal as terminals
 from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
 from toolwire.actors.output import OutputBuffer
-from toolwire.actors.processes import ExitStatus, InputClosed, group_alive, signal_group
+from toolwire.actors.processes import (
+    ExitStatus,
+    InputClosed,
+    TerminalInput,
+    group_alive,
+    signal_group,
+)
 from toolwire.actors.sandbox import Confinement
 from toolwire.actors.terminal import TerminalSize
 
@@ -328,44 +333,17 @@ class _KeptPipePort:
             os.close(fd)
 
 
-class _KeptTerminalPort:
+class _KeptTerminalPort(TerminalInput):
     """The agent's copy of a kept command's terminal master: input, EOF character, size."""
 
-    terminal = True
-
     def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
+        self._copy: int | None = fd
 
-    def _open(self) -> int:
-        if self._fd is None:
-            raise InputClosed
-        return self._fd
-
-    def write_some(self, data: memoryview) -> int:
-        try:
-            return os.write(self._open(), data)
-        except BlockingIOError:
-            return 0
-        except OSError as exc:
-            raise InputClosed from exc
-
-    async def wait_room(self) -> None:
-        try:
-            await trio.lowlevel.wait_writable(self._open())
-        except trio.ClosedResourceError:
-            raise InputClosed from None
-
-    def end(self) -> bytes:
-        return terminals.eof_char(self._open())
-
-    def resize(self, size: TerminalSize) -> None:
-        try:
-            terminals.set_size(self._open(), size)
-        except OSError as exc:
-            raise InputClosed from exc
+    def _master(self) -> int | None:
+        return self._copy
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
+        fd, self._copy = self._copy, None
         if fd is not None:
             trio.lowlevel.notify_closing(fd)
             os.close(fd)

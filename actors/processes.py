@@ -205,17 +205,18 @@ class _PipePort:
             os.close(fd)
 
 
-class _TerminalPort:
-    """The input side of a command's terminal: the master the pump reads from. The process owns
-    that descriptor (it closes it with the output); this port only writes to it while open."""
+class TerminalInput:
+    """Input into a command's terminal through its master: bytes typed, the end of input, the
+    size. Where the master comes from is the subclass's (`_master`: None once it is closed):
+    the agent's own terminal (`_TerminalPort`) or its copy of the keeper's (actors/kept.py)."""
 
     terminal = True
 
-    def __init__(self, process: _RealProcess) -> None:
-        self._process = process
+    def _master(self) -> int | None:
+        raise NotImplementedError
 
     def _fd(self) -> int:
-        fd = self._process.master_fd
+        fd = self._master()
         if fd is None:
             raise InputClosed
         return fd
@@ -245,6 +246,17 @@ class _TerminalPort:
             terminals.set_size(self._fd(), size)
         except OSError as exc:
             raise InputClosed from exc
+
+
+class _TerminalPort(TerminalInput):
+    """The input side of a command's terminal: the master the pump reads from. The process owns
+    that descriptor (it closes it with the output); this port only writes to it while open."""
+
+    def __init__(self, process: _RealProcess) -> None:
+        self._process = process
+
+    def _master(self) -> int | None:
+        return self._process.master_fd
 
 
 class _RealProcess:
