@@ -42,7 +42,7 @@ from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.processes import (
     ExitStatus,
-    InputClosed,
+    PipeInput,
     TerminalInput,
     group_alive,
     signal_group,
@@ -288,49 +288,18 @@ def _start_keeper(keeper_dir: str) -> subprocess.Popen[bytes]:
         )
 
 
-class _KeptPipePort:
+class _KeptPipePort(PipeInput):
     """The agent's copy of the write end of a kept command's stdin pipe. An `eof` closes it
     here and asks the keeper to close its own, so the command reads the end of its input."""
 
-    terminal = False
-
     def __init__(self, process: KeptProcess, fd: int) -> None:
+        super().__init__(fd)
         self._process = process
-        self._fd: int | None = fd
-
-    def write_some(self, data: memoryview) -> int:
-        fd = self._fd
-        if fd is None:
-            raise InputClosed
-        try:
-            return os.write(fd, data)
-        except BlockingIOError:
-            return 0
-        except OSError as exc:
-            raise InputClosed from exc
-
-    async def wait_room(self) -> None:
-        fd = self._fd
-        if fd is None:
-            raise InputClosed
-        try:
-            await trio.lowlevel.wait_writable(fd)
-        except trio.ClosedResourceError:
-            raise InputClosed from None
 
     def end(self) -> bytes:
-        self.close()
+        super().end()
         self._process.close_stdin()
         return b""
-
-    def resize(self, size: TerminalSize) -> None:
-        raise ValueError("a pipe has no size")
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
 
 
 class _KeptTerminalPort(TerminalInput):

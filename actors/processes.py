@@ -162,8 +162,9 @@ class ProcessBackend(Protocol):
         if it cannot start."""
 
 
-class _PipePort:
-    """The agent's end of a command's stdin pipe (non-blocking)."""
+class PipeInput:
+    """The agent's end of a command's stdin pipe (non-blocking); the keeper's handle
+    (actors/kept.py) uses it for its copy of the pipe too."""
 
     terminal = False
 
@@ -278,7 +279,7 @@ class _RealProcess:
         self.read_bytes = READ_CHUNK_BYTES  # grows with the pipe (_grow_pipe)
         self._grown = False
         self._terminal = terminal
-        self._stdin_pipe = _PipePort(stdin_fd) if stdin_fd is not None else None
+        self._stdin_pipe = PipeInput(stdin_fd) if stdin_fd is not None else None
         self.stdin: StdinPort | None = _TerminalPort(self) if terminal else self._stdin_pipe
 
     @property
