@@ -62,12 +62,19 @@ import msgspec
 
 from toolwire.actors import keeper_store, landlock
 from toolwire.actors import terminal as terminals
-from toolwire.actors.confined import ConfinedThreads
+from toolwire.actors.confined import ConfinedThread, ConfinedThreads
 from toolwire.actors.spawn import PosixSpawner, pipe_above_stdio
 
 log = logging.getLogger("toolwire.keeper")
 
 SOCKET_NAME: Final = "keeper.sock"
+# The control protocol this keeper speaks, told in its answer to the first `ping` (a keeper
+# outlives an upgrade of its agent, so the agent must know): 2 added rulesets told once per
+# connection (`ruleset`, `forget_ruleset`) and named by a spawn's `ruleset_id`; a spawn's
+# inline `ruleset`, all that 1 knew, is still taken.
+KEEPER_PROTOCOL: Final = 2
+# The most rulesets one connection may have told at once (its agent keeps 64: actors/kept.py).
+MAX_TOLD_RULESETS: Final = 256
 # The secret a connection's first message must carry (hex; made by the first agent, 0600).
 SECRET_NAME: Final = "secret"
 # Messages on the control socket are small (a spawn's env is the largest: a few KiB).
@@ -148,6 +155,8 @@ class Keeper:
         self.reader = MessageReader()
         self.spawner = PosixSpawner.load()
         self.confined = ConfinedThreads()
+        # The rulesets the connected agent told (`ruleset`), by its number for each.
+        self.rulesets: dict[int, _Told] = {}
         path = os.path.join(directory, SOCKET_NAME)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with contextlib.suppress(FileNotFoundError):
@@ -256,7 +265,7 @@ class Keeper:
         self.conn = conn
         self.ever_connected = True
         self.selector.register(conn, selectors.EVENT_READ, self._on_conn)
-        self._tell({"rid": message.get("rid")})
+        self._tell({"rid": message.get("rid"), "protocol": KEEPER_PROTOCOL})
 
     def _drop_conn(self) -> None:
         conn, self.conn = self.conn, None
@@ -264,6 +273,7 @@ class Keeper:
             return
         self.selector.unregister(conn)
         conn.close()
+        self.rulesets.clear()  # told on that connection, and named by its spawns only
         # Its output sockets die with it (the agent held their other ends): only recorded now.
         for held in self.held.values():
             self._stop_forwarding(held)
@@ -336,6 +346,18 @@ class Keeper:
             self._maybe_tell_exit(held)
         elif op == "ping":
             return {"rid": rid}, []
+        elif op == "ruleset":
+            number = message.get("id")
+            if isinstance(number, int):
+                # Checked when a spawn first uses it: a bad one fails that spawn, nothing else.
+                told = _Told(message.get("ruleset"), bool(message.get("refuse_tcp")))
+                self.rulesets[number] = told
+                if len(self.rulesets) > MAX_TOLD_RULESETS:  # the agent forgets before this
+                    del self.rulesets[next(iter(self.rulesets))]
+        elif op == "forget_ruleset":
+            number = message.get("id")
+            if isinstance(number, int):
+                self.rulesets.pop(number, None)
         return None, []
 
     # -- spawning -------------------------------------------------------------------------------
@@ -352,14 +374,14 @@ class Keeper:
         env: dict[str, str] = message["env"]
         rows, cols = message.get("rows"), message.get("cols")
         terminal = rows is not None and cols is not None
-        ruleset = message.get("ruleset")
         run: Callable[[Callable[[], int]], int] = _run_here
-        if ruleset is not None:
-            abi, handled_fs, handled_net, scoped, rule_list = ruleset
-            rules = landlock.Ruleset(
-                abi, handled_fs, handled_net, scoped, tuple((p, r) for p, r in rule_list)
-            )
-            run = self.confined.thread_for(rules, refuse_tcp=bool(message.get("refuse_tcp"))).call
+        try:
+            thread = self._confined_thread(message)
+        except (KeyError, TypeError, ValueError) as exc:
+            # Never run unconfined what was asked confined: the spawn is refused.
+            return {"rid": rid, "errno": errno.EINVAL, "error": f"bad sandbox: {exc}"}, []
+        if thread is not None:
+            run = thread.call
         meta = keeper_store.Meta(**message["meta"])
         kill_after_ms = message.get("kill_after_ms")
         spawner = self.spawner
@@ -421,6 +443,27 @@ class Keeper:
 
         self.after_reply.append(record)
         return {"rid": rid, "pid": pid, "fds": names}, fds
+
+    def _confined_thread(self, message: dict[str, Any]) -> ConfinedThread | None:
+        """The thread that spawns this command under its sandbox (None: unconfined). A
+        `ruleset_id` names a ruleset told before on this connection; a ruleset unknown there
+        is a KeyError, never an unconfined spawn."""
+        number = message.get("ruleset_id")
+        if number is not None:
+            told = self.rulesets[number]
+            if told.thread is None or not told.thread.alive:
+                # Made once per ruleset told (and again if the thread was let go): the lookup
+                # hashes every rule, as much work as building them.
+                told.thread = self.confined.thread_for(
+                    ruleset_from(told.fields), refuse_tcp=told.refuse_tcp
+                )
+            return told.thread
+        fields = message.get("ruleset")
+        if fields is None:
+            return None
+        return self.confined.thread_for(
+            ruleset_from(fields), refuse_tcp=bool(message.get("refuse_tcp"))
+        )
 
     def _attach(self, held: Held) -> tuple[list[int], list[str]]:
         """A new output socket for the agent, and the agent's copies of what it needs to watch
@@ -681,6 +724,27 @@ class Keeper:
             os.close(held.pidfd)
         if held.recording is not None:
             self.spares.give_back(held.recording.path, held.recording.detach())
+
+
+@dataclass(eq=False)
+class _Told:
+    """A ruleset the agent told on its connection, and the confined thread made for it."""
+
+    fields: Any
+    refuse_tcp: bool
+    thread: ConfinedThread | None = None
+
+
+def ruleset_from(fields: Any) -> landlock.Ruleset:
+    """A ruleset as the agent sends it (actors/kept.py, `ruleset_fields`)."""
+    abi, handled_fs, handled_net, scoped, rule_list = fields
+    return landlock.Ruleset(
+        int(abi),
+        int(handled_fs),
+        int(handled_net),
+        int(scoped),
+        tuple((str(path), int(rights)) for path, rights in rule_list),
+    )
 
 
 class MessageReader:

@@ -39,6 +39,7 @@ import trio
 
 from toolwire.actors import keeper_store
 from toolwire.actors.keeper import SOCKET_NAME, MessageReader, read_secret
+from toolwire.actors.landlock import Ruleset
 from toolwire.actors.output import OutputBuffer
 from toolwire.actors.processes import (
     ExitStatus,
@@ -47,7 +48,7 @@ from toolwire.actors.processes import (
     group_alive,
     signal_group,
 )
-from toolwire.actors.sandbox import Confinement
+from toolwire.actors.sandbox import MAX_MADE_CONFINEMENTS, Confinement
 from toolwire.actors.terminal import TerminalSize
 
 log = logging.getLogger("toolwire.keeper")
@@ -58,6 +59,9 @@ REQUEST_TIMEOUT_S: Final = 5.0
 # How long a new keeper may take to listen (a Python start: tens of milliseconds).
 START_TIMEOUT_S: Final = 10.0
 READ_BYTES: Final = 256 * 1024
+# The most rulesets one connection keeps told to the keeper (`KeeperClient.ruleset_id`): as
+# many as the sandbox keeps made.
+MAX_RULESETS: Final = MAX_MADE_CONFINEMENTS
 # The most `adopt` requests a restarting agent keeps in flight (`readopt`); see `adopt_window`.
 ADOPT_WINDOW: Final = 32
 # Where Linux says how many messages a unix datagram or seqpacket socket queues for its reader
@@ -99,6 +103,13 @@ class KeeperClient:
         # Requests sent and not waited for yet, and replies that came before their turn.
         self._awaited: set[int] = set()
         self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
+        # The rulesets this connection told the keeper, by the identity of their confinement
+        # (actors/sandbox.py hands back the same object while it holds): see `ruleset_id`.
+        self._rulesets: dict[int, tuple[Confinement, int]] = {}
+        self._last_ruleset_id = 0
+        # The keeper's protocol (`hello`): the keeper outlives an upgrade of its agent, so a
+        # newer agent may be talking to an older keeper, and speaks what that one knows.
+        self.protocol = 1
         self.lost = False
 
     @classmethod
@@ -116,7 +127,7 @@ class KeeperClient:
             if sock is not None:
                 client = cls(keeper_dir, sock, None)
                 try:
-                    client.request(dict(hello))  # a keeper that was exiting answers none
+                    client.hello(hello)  # a keeper that was exiting answers none
                     return client
                 except OSError:
                     sock.close()
@@ -130,7 +141,7 @@ class KeeperClient:
             if sock is not None:
                 client = cls(keeper_dir, sock, child)
                 try:
-                    client.request(dict(hello))
+                    client.hello(hello)
                     return client
                 except OSError:
                     sock.close()
@@ -155,6 +166,42 @@ class KeeperClient:
             self._sock.send(data)
         except OSError:
             self._lose()
+
+    def hello(self, hello: dict[str, Any]) -> None:
+        """The connection's first request, which proves this is the agent; its reply says
+        which keeper protocol the keeper speaks (a keeper before `KEEPER_PROTOCOL` 2 says
+        none: 1). OSError if it does not answer."""
+        reply, fds = self.request(dict(hello))
+        for fd in fds:
+            os.close(fd)
+        protocol = reply.get("protocol", 1)
+        self.protocol = protocol if isinstance(protocol, int) else 1
+
+    def ruleset_id(self, confinement: Confinement) -> int:
+        """The keeper's number for `confinement`'s ruleset on this connection, told to it first
+        if it is new. A spawn then names its sandbox in a few bytes: a ruleset that leaves out
+        the agent's own files has hundreds of rules (actors/hidden_paths.py), which cost more
+        to encode, send, decode and hash than the spawn itself when sent with each one."""
+        known = self._rulesets.get(id(confinement))
+        if known is not None and known[0] is confinement:
+            return known[1]
+        self._last_ruleset_id += 1
+        number = self._last_ruleset_id
+        self.send(
+            {
+                "op": "ruleset",
+                "id": number,
+                "ruleset": ruleset_fields(confinement.ruleset),
+                "refuse_tcp": confinement.refuse_tcp,
+            }
+        )
+        self._rulesets[id(confinement)] = (confinement, number)
+        if len(self._rulesets) > MAX_RULESETS:
+            # The oldest goes, on both sides (a spawn already sent with it was handled first:
+            # one connection, in order).
+            _, oldest = self._rulesets.pop(next(iter(self._rulesets)))
+            self.send({"op": "forget_ruleset", "id": oldest})
+        return number
 
     def request(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         """Send `message` and wait (blocking) for its reply and the descriptors it carries;
@@ -261,6 +308,17 @@ class KeeperClient:
         self.lost = True
         trio.lowlevel.notify_closing(self._sock)
         self._sock.close()
+
+
+def ruleset_fields(rules: Ruleset) -> list[Any]:
+    """A ruleset as the keeper reads it (actors/keeper.py, `ruleset_from`)."""
+    return [
+        rules.abi,
+        rules.handled_fs,
+        rules.handled_net,
+        rules.scoped,
+        [list(rule) for rule in rules.rules],
+    ]
 
 
 def _connect(path: str) -> socket.socket | None:
@@ -500,17 +558,13 @@ class KeptProcessBackend:
             message["grace_ms"] = keep.grace_ms
         if terminal is not None:
             message["rows"], message["cols"] = terminal.rows, terminal.cols
-        if confinement is not None:
-            rules = confinement.ruleset
-            message["ruleset"] = [
-                rules.abi,
-                rules.handled_fs,
-                rules.handled_net,
-                rules.scoped,
-                [list(rule) for rule in rules.rules],
-            ]
-            message["refuse_tcp"] = confinement.refuse_tcp
         client = self._live_client()
+        if confinement is not None:
+            if client.protocol >= 2:
+                message["ruleset_id"] = client.ruleset_id(confinement)
+            else:  # an older keeper (an upgrade: `--on-shutdown keep`) knows only this form
+                message["ruleset"] = ruleset_fields(confinement.ruleset)
+                message["refuse_tcp"] = confinement.refuse_tcp
         reply, fds = client.request(message)
         if "pid" not in reply:
             for fd in fds:

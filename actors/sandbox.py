@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from toolwire.actors import landlock, seccomp
 from toolwire.actors.hidden_paths import NOTHING_HIDDEN, CoverCache, HiddenPaths
@@ -28,6 +29,47 @@ class Confinement:
     refuse_tcp: bool
 
 
+# How many confinements are kept made: a chat server uses a handful of policies, and a client
+# that invents a new `writable` list per call must not grow this without bound.
+MAX_MADE_CONFINEMENTS: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """A confinement, with the covers (`CoverCache` results) it was made of: still valid
+    while the cache hands back the very same tuples (it makes new ones when a directory on the
+    way to a hidden path changed)."""
+
+    covers: tuple[tuple[str, ...], ...]
+    visible: tuple[str, ...] | None
+    confinement: Confinement
+
+    def same_covers(
+        self, covers: tuple[tuple[str, ...], ...], visible: tuple[str, ...] | None
+    ) -> bool:
+        return (
+            visible is self.visible
+            and len(covers) == len(self.covers)
+            and all(new is old for new, old in zip(covers, self.covers, strict=True))
+        )
+
+
+class _MadeConfinements:
+    """At most `MAX_MADE_CONFINEMENTS`, the least recently made let go."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[object, ...], _Made] = {}
+
+    def get(self, key: tuple[object, ...]) -> _Made | None:
+        return self._made.get(key)
+
+    def remember(self, key: tuple[object, ...], made: _Made) -> None:
+        self._made.pop(key, None)
+        self._made[key] = made
+        if len(self._made) > MAX_MADE_CONFINEMENTS:
+            del self._made[next(iter(self._made))]
+
+
 @dataclass(frozen=True, slots=True)
 class Enforcement:
     """The kernel's means, as probed at start (`probe`); built by hand with a lower
@@ -39,6 +81,12 @@ class Enforcement:
     # The rules that leave out the agent's own files, made again only when a directory on the
     # way to them changes (actors/hidden_paths.py).
     _covers: CoverCache = field(default_factory=CoverCache, init=False, compare=False, repr=False)
+    # The confinements made, by what they were made of: a sandboxed spawn then costs the few
+    # stats that say the covers are unchanged, not a ruleset of hundreds of rules built again
+    # (and the same object each time, which the keeper's client sends once: actors/kept.py).
+    _made: _MadeConfinements = field(
+        default_factory=_MadeConfinements, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def probe(cls) -> Enforcement:
@@ -110,20 +158,28 @@ class Enforcement:
             return None
         self.check(policy)
         roots = policy.write_roots(workspace, self.temp_dir)
-        writable = None if roots is None else _resolved_unique(roots)
+        resolved = None if roots is None else _resolved_unique(roots)
+        covers: tuple[tuple[str, ...], ...] = ()
         visible = None
-        if writable is not None and hidden:
-            writable = tuple(
-                path for root in writable for path in self._covers.cover(root, hidden.paths)
-            )
+        if resolved is not None and hidden:
+            covers = tuple(self._covers.cover(root, hidden.paths) for root in resolved)
             visible = self._covers.cover("/", hidden.paths)
+        key = (policy, resolved, terminal, hidden.paths)
+        made = self._made.get(key)
+        if made is not None and made.same_covers(covers, visible):
+            return made.confinement
+        writable = resolved
+        if resolved is not None and hidden:
+            writable = tuple(path for cover in covers for path in cover)
         try:
             ruleset = self.landlock.ruleset(
                 writable=writable, network=policy.network, terminal=terminal, visible=visible
             )
         except landlock.Unsupported as exc:  # unreachable after `check`; never run unconfined
             raise ToolwireError("sandbox_unsupported", str(exc)) from None
-        return Confinement(ruleset, refuse_tcp=not policy.network)
+        confinement = Confinement(ruleset, refuse_tcp=not policy.network)
+        self._made.remember(key, _Made(covers, visible, confinement))
+        return confinement
 
     def outside(self, policy: SandboxPolicy, workspace: str, paths: Iterable[str]) -> str | None:
         """The first of `paths` (as given: relative to the workspace, `~` expanded) that

@@ -28,7 +28,8 @@ from toolwire.actors.hidden_paths import (
     beneath,
     visible_cover,
 )
-from toolwire.actors.sandbox import Enforcement
+from toolwire.actors.sandbox import MAX_MADE_CONFINEMENTS, Enforcement
+from toolwire.actors.sandbox_policy import SandboxPolicy
 
 DEADLINE_S = 30
 ENFORCED = Enforcement.probe()
@@ -264,3 +265,45 @@ def test_hidden_paths_resolve_links_and_know_the_files_by_identity(tmp_path: Pat
         assert hidden.covers_fd(fd)
     finally:
         os.close(fd)
+
+
+@needs_landlock
+def test_a_confinement_is_made_once_and_again_when_a_directory_on_the_way_changes(
+    tmp_path: Path,
+) -> None:
+    """Each sandboxed spawn asks for its confinement; the same one comes back (the keeper's
+    client tells the keeper each once) until a directory on the way to a hidden path changes,
+    and then one that covers what is new."""
+    ws, temp = tmp_path / "ws", tmp_path / "tmp"
+    (ws / "state").mkdir(parents=True)
+    temp.mkdir()
+    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
+    hidden = HiddenPaths.of([ws / "state"])
+    policy = SandboxPolicy(filesystem="workspace_write", network=True)
+    first = enforcement.confinement(policy, str(ws), hidden=hidden)
+    assert first is not None
+    assert enforcement.confinement(policy, str(ws), hidden=hidden) is first
+    on_terminal = enforcement.confinement(policy, str(ws), hidden=hidden, terminal=True)
+    assert on_terminal is not None and on_terminal != first
+    (ws / "new").write_text("n")
+    again = enforcement.confinement(policy, str(ws), hidden=hidden)
+    assert again is not None and again is not first
+    new = os.path.realpath(ws / "new")
+    assert new in {path for path, _ in again.ruleset.rules}
+    assert new not in {path for path, _ in first.ruleset.rules}
+    assert enforcement.confinement(policy, str(ws), hidden=hidden) is again
+
+
+@needs_landlock
+def test_the_confinements_kept_are_bounded(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(tmp_path))
+    policies = [
+        SandboxPolicy(filesystem="workspace_write", writable=(f"/w{n}",), network=True)
+        for n in range(MAX_MADE_CONFINEMENTS + 1)
+    ]
+    made = [enforcement.confinement(policy, str(ws)) for policy in policies]
+    assert enforcement.confinement(policies[-1], str(ws)) is made[-1]
+    oldest = enforcement.confinement(policies[0], str(ws))
+    assert oldest == made[0] and oldest is not made[0]  # let go, then made again alike
