@@ -327,6 +327,13 @@ class ChatWork:
                     terminal=execute_tool.terminal_for(args),
                     confinement=confinement,
                 )
+        except kept.StartedAndStopped:
+            log.error(
+                "the keeper started the command but could not hold it; it was killed",
+                extra={"chat_id": self.chat_id, "call_id": call_id},
+            )
+            self._feed(ToolFailed(call_id))  # it ran, if only for an instant: `unknown`
+            return
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
             return

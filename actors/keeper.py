@@ -32,6 +32,12 @@ read the state dir, actors/hidden_paths.py); anything else first, and it is clos
 agent's connection untouched. One agent at a time: a new connection that proved itself
 replaces the old one (an agent killed with -9 may not have been seen to go yet).
 The keeper exits once no agent is connected and no process it holds runs or prints.
+
+A request it cannot carry out fails alone (logged, answered with an error): the keeper holds
+every command, so nothing one request meets may end it. What a spawn needs is made before the
+process starts where it can be (its file, its pipes), so that a refusal there runs nothing;
+what can only come after (its pidfd, the agent's sockets) failing gets the process killed with
+its group and reaped at once, and the reply says it started (its call ends `unknown`).
 """
 
 from __future__ import annotations
@@ -292,15 +298,30 @@ class Keeper:
             if not data:
                 self._drop_conn()
                 return
-            message: dict[str, Any] = _decoder.decode(data)
-            reply, fds = self._handle(message)
+            reply: dict[str, Any] | None
+            fds: list[int] = []
+            message: Any = None
+            try:
+                message = _decoder.decode(data)
+                reply, fds = self._handle(message)
+            except Exception as exc:
+                # One request the keeper could not carry out (a bug, or a resource it lacks)
+                # fails alone: the keeper holds every command, and must not end with them.
+                log.exception("a request could not be carried out")
+                rid = message.get("rid") if isinstance(message, dict) else None
+                reply = {"rid": rid, "errno": errno.EIO, "error": f"keeper error: {exc}"}
+                if rid is None:
+                    reply = None
             if reply is not None:
                 self._tell(reply, fds)
             for fd in fds:
                 os.close(fd)  # the agent holds its own copies now (or the send failed)
             after, self.after_reply = self.after_reply, []
             for action in after:
-                action()
+                try:
+                    action()
+                except Exception:
+                    log.exception("what follows a reply could not be done")
 
     def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         conn = self.conn
@@ -387,7 +408,10 @@ class Keeper:
         spawner = self.spawner
         to_close: list[int] = []
         input_fd: int | None
+        spare: tuple[str, int] | None = None
         try:
+            # Its file first (a disk that refuses one refuses the spawn: nothing ran).
+            spare = self.spares.take()
             if rows is not None and cols is not None:
                 term = terminals.open_terminal(terminals.TerminalSize(int(rows), int(cols)))
                 to_close.append(term.master)
@@ -412,30 +436,42 @@ class Keeper:
             for fd in to_close:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if spare is not None:
+                self.spares.give_back(*spare)
             code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EINVAL
             text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             return {"rid": rid, "errno": code, "error": text}, []
         meta.pid = pid
         meta.terminal = terminal
-        os.set_blocking(read_fd, False)
+        own = [fd for fd in (read_fd, input_fd) if fd is not None]
+        try:
+            os.set_blocking(read_fd, False)
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            self.spares.give_back(*spare)
+            return self._started_and_stopped(rid, pid, own, exc), []
         held = Held(
             key=key,
             pid=pid,
-            pidfd=os.pidfd_open(pid),
+            pidfd=pidfd,
             read_fd=read_fd,
             input_fd=input_fd,
             terminal=terminal,
         )
+        try:
+            fds, names = self._attach(held)
+        except OSError as exc:
+            self.spares.give_back(*spare)
+            return self._started_and_stopped(rid, pid, [*own, pidfd], exc), []
         if kill_after_ms:
             held.kill_at_ms = meta.started_at_ms + int(kill_after_ms)
             held.grace_s = float(message.get("grace_ms", 2000)) / 1000
             self.deadlines[key] = held
         self.held[key] = held
-        fds, names = self._attach(held)
 
         def record() -> None:
             # Before the loop reads anything of it: its first byte goes into this file.
-            path, fd = self.spares.take()
+            path, fd = spare
             held.recording = keeper_store.Recording(path, meta, fd)
             assert held.pidfd is not None  # closed only once it is done
             self.selector.register(held.pidfd, selectors.EVENT_READ, lambda _m: self._on_exit(held))
@@ -443,6 +479,28 @@ class Keeper:
 
         self.after_reply.append(record)
         return {"rid": rid, "pid": pid, "fds": names}, fds
+
+    def _started_and_stopped(
+        self, rid: Any, pid: int, fds: list[int], exc: OSError
+    ) -> dict[str, Any]:
+        """A process started, but what the keeper needs to hold it (a pidfd, the agent's
+        sockets: descriptors, when the keeper is at its limit) could not be made: it is
+        killed with its group and reaped at once, so nothing runs that no one answers for, and
+        the reply says it started (its call ends `unknown`: it may have done something)."""
+        log.error("process %d started but could not be held (%s): killed", pid, exc)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return {
+            "rid": rid,
+            "errno": exc.errno or errno.EIO,
+            "error": exc.strerror or str(exc),
+            "started": True,
+        }
 
     def _confined_thread(self, message: dict[str, Any]) -> ConfinedThread | None:
         """The thread that spawns this command under its sandbox (None: unconfined). A
@@ -471,18 +529,28 @@ class Keeper:
         self._stop_forwarding(held)
         fds: list[int] = []
         names: list[str] = []
-        if held.read_fd is not None:
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine: socket.socket | None = None
+        try:
+            if held.read_fd is not None:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                fds.append(theirs.detach())
+                names.append("out")
+            if held.pidfd is not None:  # a process that is done needs none: its exit is known
+                fds.append(os.dup(held.pidfd))
+                names.append("pidfd")
+            if held.input_fd is not None:
+                fds.append(os.dup(held.input_fd))
+                names.append("input")
+        except OSError:
+            # Out of descriptors: nothing half made is left open (the caller says why).
+            for fd in fds:
+                os.close(fd)
+            if mine is not None:
+                mine.close()
+            raise
+        if mine is not None:
             mine.setblocking(False)
             held.forward = mine
-            fds.append(theirs.detach())
-            names.append("out")
-        if held.pidfd is not None:  # a process that is done needs none: its exit is known
-            fds.append(os.dup(held.pidfd))
-            names.append("pidfd")
-        if held.input_fd is not None:
-            fds.append(os.dup(held.input_fd))
-            names.append("input")
         held.exit_sent = held.status is not None  # an exit after this is told
         return fds, names
 
@@ -491,7 +559,13 @@ class Keeper:
         held = self.held.get(message["key"])
         if held is None:
             return {"rid": rid, "held": False}, []
-        fds, names = self._attach(held)
+        try:
+            fds, names = self._attach(held)
+        except OSError as exc:
+            # Not handed back: the agent takes it for gone and stops it (kept.stop_orphan),
+            # its call ending `unknown`; the keeper goes on recording it until then.
+            log.error("process %d could not be handed back (%s)", held.pid, exc)
+            return {"rid": rid, "held": False, "errno": exc.errno or errno.EIO}, []
         held.paused = True  # until the agent read the recording ("resume")
         self._update_reading(held)
         status = held.status
@@ -704,6 +778,11 @@ class Keeper:
         if held.pidfd is not None:
             os.close(held.pidfd)
             held.pidfd = None
+        if held.input_fd is not None:
+            # Its stdin pipe's write end, held for a later agent to type into: nothing of the
+            # command reads it any more (an agent that still holds its own copy keeps it).
+            os.close(held.input_fd)
+            held.input_fd = None
         if held.recording is not None:
             held.recording.close()
 

@@ -76,6 +76,11 @@ class KeeperLost(Exception):
     """The keeper is gone: the exit of what it held can no longer be learnt."""
 
 
+class StartedAndStopped(OSError):
+    """The keeper started the process but could not hold it (out of descriptors), and killed
+    it at once: it may have done something, so its call's outcome is unknown."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeepInfo:
     """What the keeper records of a command beside its output: enough for a restarted agent
@@ -569,7 +574,8 @@ class KeptProcessBackend:
         if "pid" not in reply:
             for fd in fds:
                 os.close(fd)
-            raise OSError(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
+            failed = StartedAndStopped if reply.get("started") else OSError
+            raise failed(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
         return KeptProcess(
             client,
             key,

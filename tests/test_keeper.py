@@ -9,7 +9,9 @@ starts: nothing may run twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -214,8 +216,9 @@ async def test_the_keeper_keeps_no_descriptor_for_a_finished_command(tmp_path: P
         [keeper] = _keeper_pids(tmp_path / "state")
         before = None
         for i in range(count):
+            # Every other one with a stdin pipe, whose write end the keeper holds while it runs.
             await conn.send({"type": "call", "chat_id": "c", "call_id": f"k{i}", "tool": "execute",
-                             "args": {"command": f"echo {i}"}})  # fmt: skip
+                             "args": {"command": f"echo {i}", "stdin": i % 2 == 1}})  # fmt: skip
             await conn.recv_until(lambda m: m["type"] == "result")
             if i == 4:
                 before = len(os.listdir(f"/proc/{keeper}/fd"))
@@ -226,7 +229,7 @@ async def test_the_keeper_keeps_no_descriptor_for_a_finished_command(tmp_path: P
         await _kill9(server)
     async with _agent(tmp_path) as (server, conn):
         await conn.send({"type": "call", "chat_id": "c", "call_id": "k7", "tool": "execute",
-                         "args": {"command": "echo 7"}})  # fmt: skip
+                         "args": {"command": "echo 7", "stdin": True}})  # fmt: skip
         got = await conn.recv_until(lambda m: m["type"] == "result")
         await conn.send({"type": "call", "chat_id": "c", "call_id": "l", "tool": "process_output",
                          "args": {"process_id": "k9"}})  # fmt: skip
@@ -548,3 +551,48 @@ async def test_a_command_that_asks_the_keeper_itself_is_refused(tmp_path: Path) 
         assert "reply: b" not in result["output"], result["output"]  # nothing was answered
     assert not marker.exists()
     assert after["output"] == "still\n"  # the agent still holds its keeper connection
+
+
+def _children_of(pid: int) -> list[str]:
+    """The command lines of `pid`'s children."""
+    lines = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+            with contextlib.suppress(OSError):
+                lines.append(Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" "))
+    return [line.decode(errors="replace") for line in lines]
+
+
+async def test_a_process_the_keeper_cannot_hold_is_killed_its_call_unknown_the_keeper_lives_on(
+    tmp_path: Path,
+) -> None:
+    """Out of descriptors right after a spawn (its pidfd made, the agent's output socket not):
+    the keeper kills the process and its group at once and says so, the call ends `unknown`
+    (it ran, if only for an instant), and the keeper, which holds every other command, goes on.
+    The limit is set on the live keeper so that exactly the socketpair after the spawn fails:
+    the pipe takes two of the three descriptors left, the child's /dev/null the third, the
+    write end closed after the spawn gives one back for the pidfd."""
+    procs = tmp_path / "state" / "keeper" / "p"
+    async with _agent(tmp_path) as (_server, conn):
+        first = await conn.call("c", "warm", "execute", {"command": "true"})  # a keeper runs
+        assert first["data"]["exit_code"] == 0
+        [keeper] = _keeper_pids(tmp_path / "state")
+        # Its spare files made, so that it opens no descriptor between the count and the
+        # spawn. Another process's files: no event of ours says when, so their count is read.
+        with trio.fail_after(30):
+            while sum(name.startswith("s") for name in os.listdir(procs)) < SPARE_FILES:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        soft, hard = resource.prlimit(keeper, resource.RLIMIT_NOFILE)
+        resource.prlimit(
+            keeper, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{keeper}/fd")) + 3, hard)
+        )
+        try:
+            lost = await conn.call("c", "lost", "execute", {"command": "sleep 30 # held-not"})
+        finally:
+            resource.prlimit(keeper, resource.RLIMIT_NOFILE, (soft, hard))
+        assert lost["outcome"] == "unknown", lost
+        assert lost["text"] == "tool call failed inside the agent; its outcome is unknown"
+        assert not any("held-not" in line for line in _children_of(keeper))  # killed, reaped
+        after = await conn.call("c", "after", "execute", {"command": "echo still"})
+        assert after["output"] == "still\n"
+        assert _keeper_pids(tmp_path / "state") == [keeper]  # the same keeper, alive
