@@ -24,7 +24,9 @@ benchmark's agent (which runs as serve's defaults). A program embedding the Agen
 from __future__ import annotations
 
 import gc
+import math
 import sys
+import time
 
 # 1 ms: the loop-lag probe beside a 16 MiB edit's worker thread gave a p99 of 5.5 ms at
 # Python's default of 5 ms and 2.0 ms at 1 ms (one run each, same machine).
@@ -36,8 +38,79 @@ def favour_the_event_loop() -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
-def keep_the_collector_off_the_start() -> None:
-    """Collect what the start left as garbage, then move every object still tracked to the
-    permanent generation (`gc.freeze`): later collections walk only what came after."""
-    gc.collect()
-    gc.freeze()
+# The oldest generation's threshold: a full collection once this many collections of the middle
+# one have run (and, CPython's own rule, the objects that reached the oldest since the last full
+# collection are a quarter of what it left). Python's default is 10: with the survivors frozen,
+# each full collection walks only what reached the oldest generation since the last one, about
+# 40,000 objects in a flood of chats at 10 (26-34 ms, idle machine), 10,000-30,000 at 2 (2-7 ms).
+OLDEST_GENERATION_THRESHOLD = 2
+# The frozen heap is thawed (walked by the next full collection) once it holds this many times
+# the objects it held after the last full walk: a doubling, so that the whole heap is walked
+# about once for each time it doubles, and cyclic garbage held back in it stays below about the
+# live heap that walk left.
+THAW_GROWTH = 2
+# ... and never below this many objects: the start alone freezes about 40,000, and 5,000 chats
+# of one call each add about 65,000 (a full walk of 100,000 took 52-59 ms on the benchmark
+# machine, idle). Tracked objects are mostly 50-200 bytes: tens of MiB held back at most.
+THAW_FLOOR_OBJECTS = 150_000
+# Counting the frozen objects walks their list (about 1 ms per 100,000): at most once a second.
+FROZEN_COUNT_EVERY_S = 1.0
+
+
+class FoldedCollections:
+    """A `gc.callbacks` entry that freezes the survivors of every full (generation 2)
+    collection, and unfreezes the frozen heap once it has grown past `thaw_above`, so that the
+    next full collection walks everything and collects its garbage.
+
+    Freezing in the callback's "stop" phase is safe: the collection is over (its garbage freed,
+    its finalizers run, the younger generations empty), and `gc.freeze` only moves the
+    generations' lists onto the permanent one, running no Python code. The callback may run on
+    any thread that allocates; it holds the GIL, and the interpreter never starts a collection,
+    nor so its callbacks, inside another.
+    """
+
+    def __init__(
+        self,
+        growth: int = THAW_GROWTH,
+        floor: int = THAW_FLOOR_OBJECTS,
+        count_every_s: float = FROZEN_COUNT_EVERY_S,
+    ) -> None:
+        self.growth = growth
+        self.floor = floor
+        self.count_every_s = count_every_s
+        self.thaw_above = growth * floor
+        self.thawed = False  # the frozen heap is in the oldest generation, for the next walk
+        self.counted_at = -math.inf
+        self.folds = 0
+        self.thaws = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase != "stop" or info["generation"] != 2:
+            return
+        gc.freeze()
+        self.folds += 1
+        now = time.monotonic()
+        if not self.thawed and now - self.counted_at < self.count_every_s:
+            return
+        self.counted_at = now
+        frozen = gc.get_freeze_count()
+        if self.thawed:  # that collection walked the whole heap: `frozen` is what lives
+            self.thawed = False
+            self.thaw_above = self.growth * max(frozen, self.floor)
+        elif frozen > self.thaw_above:
+            gc.unfreeze()
+            self.thawed = True
+            self.thaws += 1
+
+
+def fold_survivors_out_of_the_collector(folded: FoldedCollections | None = None) -> None:
+    """Collect what the start left as garbage and freeze every object still tracked (most of
+    them live as long as the process), then do the same after every later full collection,
+    run every `OLDEST_GENERATION_THRESHOLD` collections of the middle generation, with
+    `FoldedCollections`' bound on the frozen heap. Installs `folded` (a new one if None) in
+    `gc.callbacks` once: a second call only collects and freezes again."""
+    if not any(isinstance(cb, FoldedCollections) for cb in gc.callbacks):
+        gc.callbacks.append(folded if folded is not None else FoldedCollections())
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, OLDEST_GENERATION_THRESHOLD)
+    gc.collect()  # the callback freezes its survivors
