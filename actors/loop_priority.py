@@ -9,13 +9,34 @@ goal is a p99 below 5 ms). At 1 ms the wait is bounded by about 1 ms; the cost, 
 between threads that both want the GIL, falls on the workers, whose work is big and rare.
 
 The same holds for the cyclic garbage collector: a full (generation 2) collection walks every
-tracked object in one piece, with the GIL held and the loop waiting. Most of what an agent holds
-is what its start made, its modules, classes and functions: about 39,000 objects for `toolwire
-serve`, 15 ms a full collection on the benchmark machine, before any chat. Frozen (`gc.freeze`)
-they are never walked again: with 2,000 chats a full collection took 56-58 ms, and 9-12 ms with
-the start's objects frozen (tests of one process each, a loaded machine); a flood of 5,000 new
-chats makes several (issue 27). What is frozen is never collected as a cycle, so only what the
-start made, which lives as long as the process, is frozen, before any request is served.
+tracked object it has not been told to skip in one piece, with the GIL held and the loop
+waiting. Most of what an agent holds is what its start made, its modules, classes and functions:
+about 40,000 objects for `toolwire serve`, 15 ms a full collection on the benchmark machine,
+before any chat; frozen (`gc.freeze`, which moves every tracked object into a permanent
+generation that no collection walks) they are never walked again.
+
+The chats then grow the walk. A flood of 5,000 chats of one call each (issue 27) takes it to
+about 100,000 objects (about 13 for each finished chat, the rest the calls in flight), and
+CPython's rule (a full collection once the objects that reached the oldest generation since the
+last one are a quarter of what that one left, and 10 collections of the middle generation have
+run) walked them all several times: 26-31 and 52-59 ms on an idle machine, twice that loaded. So
+the survivors of every full collection are frozen as well (`FoldedCollections`): the next full
+collection walks only what reached the oldest generation since the last one, and with a full
+collection every `OLDEST_GENERATION_THRESHOLD` (2) collections of the middle generation, that is
+10,000-30,000 objects in the same flood, 2-10 ms. The frozen heap becomes a fourth generation,
+which the interpreter never collects on its own: a cycle frozen while it was alive and dropped
+since would stay for ever (the agent breaks the one among a chat's objects when it forgets the
+chat, `ChatActor.forgotten`, so that reference counting frees them; any other cycle waits for
+the collector). So the frozen heap is bounded: once it holds more than `THAW_GROWTH` (2) times
+the larger of what the last full walk of it left and `THAW_FLOOR_OBJECTS`, it is unfrozen, and
+the next full collection walks and collects all of it, as CPython's own would, and freezes what
+lives. A walk of the whole heap then comes once for each doubling of the tracked heap, instead
+of at each quarter, and the cyclic garbage held back is at most about the larger of what lived
+at the last one and `THAW_FLOOR_OBJECTS` (and what reached the frozen heap in the second since
+it was last counted, `FROZEN_COUNT_EVERY_S`). That walk is the one long pause left (about 0.5 ms
+per 1,000 objects on the benchmark machine): the price of a bound on memory. Measured on CPython
+3.11, the oldest Python the project supports; the rule quoted above is 3.11's
+(Modules/gcmodule.c).
 
 Process-wide, so only the programs that own their process call these: `toolwire serve` and the
 benchmark's agent (which runs as serve's defaults). A program embedding the Agent keeps its own.
@@ -42,7 +63,8 @@ def favour_the_event_loop() -> None:
 # one have run (and, CPython's own rule, the objects that reached the oldest since the last full
 # collection are a quarter of what it left). Python's default is 10: with the survivors frozen,
 # each full collection walks only what reached the oldest generation since the last one, about
-# 40,000 objects in a flood of chats at 10 (26-34 ms, idle machine), 10,000-30,000 at 2 (2-7 ms).
+# 40,000-60,000 objects in a flood of chats at 10 (15-34 ms, idle machine), 10,000-30,000 at 2
+# (2-10 ms).
 OLDEST_GENERATION_THRESHOLD = 2
 # The frozen heap is thawed (walked by the next full collection) once it holds this many times
 # the objects it held after the last full walk: a doubling, so that the whole heap is walked

@@ -1,13 +1,22 @@
 """What `toolwire serve` does to its own process for the event loop's sake
-(actors/loop_priority.py), each in an interpreter of its own: the settings are process-wide."""
+(actors/loop_priority.py), each in an interpreter of its own: the settings are process-wide.
+And that a chat the agent forgets is freed by reference counting, not left to the cyclic
+collector, through a real server."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import trio
+
+from tests.conftest import MakeServer
+from toolwire.actors.chat import ChatActor
+from toolwire.actors.context import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,3 +136,31 @@ def test_forgotten_cycles_that_were_frozen_are_collected_and_the_frozen_heap_sta
     live = 2 * 21_000
     bound = 2 * max(got["start_frozen"] + live, 20_000) + live
     assert got["peak_frozen"] <= bound, got
+
+
+async def test_a_forgotten_chat_is_freed_by_reference_counting(make_server: MakeServer) -> None:
+    """Chats of one finished call each, forgotten by the sweeper (5.4), leave nothing for the
+    cyclic collector: with the survivors of every full collection frozen, a cycle among a
+    forgotten chat's objects would wait for the next walk of the whole frozen heap."""
+    server = await make_server(limits=Limits(forget_after_s=0))
+    (server.workspace / "f.txt").write_text("hello\n")
+    chat_ids = {f"c{i}" for i in range(20)}
+    with trio.fail_after(30):
+        async with server.connect() as conn:
+            for chat_id in sorted(chat_ids):
+                done = await conn.call(chat_id, "x", "read_file", {"path": "f.txt"})
+                assert done["outcome"] == "completed", done
+    await trio.sleep(0.01)  # forget_after_s=0: anything older than now goes
+
+    def chats_in_memory() -> set[str]:
+        return {o.chat_id for o in gc.get_objects() if isinstance(o, ChatActor)} & chat_ids
+
+    gc.collect()  # other tests' garbage: only what this test makes is looked at
+    gc.disable()
+    try:
+        assert chats_in_memory() == chat_ids
+        server.agent.sweep()
+        assert not chat_ids & set(server.agent.chats)
+        assert chats_in_memory() == set()  # freed, with the collector off
+    finally:
+        gc.enable()
