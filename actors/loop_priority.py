@@ -19,24 +19,24 @@ The chats then grow the walk. A flood of 5,000 chats of one call each (issue 27)
 about 100,000 objects (about 13 for each finished chat, the rest the calls in flight), and
 CPython's rule (a full collection once the objects that reached the oldest generation since the
 last one are a quarter of what that one left, and 10 collections of the middle generation have
-run) walked them all several times: 26-31 and 52-59 ms on an idle machine, twice that loaded. So
-the survivors of every full collection are frozen as well (`FoldedCollections`): the next full
-collection walks only what reached the oldest generation since the last one, and with a full
-collection every `OLDEST_GENERATION_THRESHOLD` (2) collections of the middle generation, that is
-10,000-30,000 objects in the same flood, 2-10 ms. The frozen heap becomes a fourth generation,
-which the interpreter never collects on its own: a cycle frozen while it was alive and dropped
-since would stay for ever (the agent breaks the one among a chat's objects when it forgets the
-chat, `ChatActor.forgotten`, so that reference counting frees them; any other cycle waits for
-the collector). So the frozen heap is bounded: once it holds more than `THAW_GROWTH` (2) times
-the larger of what the last full walk of it left and `THAW_FLOOR_OBJECTS`, it is unfrozen, and
-the next full collection walks and collects all of it, as CPython's own would, and freezes what
-lives. A walk of the whole heap then comes once for each doubling of the tracked heap, instead
-of at each quarter, and the cyclic garbage held back is at most about the larger of what lived
-at the last one and `THAW_FLOOR_OBJECTS` (and what reached the frozen heap in the second since
-it was last counted, `FROZEN_COUNT_EVERY_S`). That walk is the one long pause left (about 0.5 ms
-per 1,000 objects on the benchmark machine): the price of a bound on memory. Measured on CPython
-3.11, the oldest Python the project supports; the rule quoted above is 3.11's
-(Modules/gcmodule.c).
+run) walked them all several times: 26-31 and 52-59 ms at a load of about 1 on the benchmark
+machine's 2 cores, more when loaded. So the survivors of every full collection are frozen as
+well (`FoldedCollections`): the next full collection walks only what reached the oldest
+generation since the last one, and with a full collection every `OLDEST_GENERATION_THRESHOLD`
+(2) collections of the middle generation, that is 10,000-30,000 objects in the same flood, 2-10
+ms. The frozen heap becomes a fourth generation, which the interpreter never collects on its
+own: a cycle frozen while it was alive and dropped since would stay for ever (the agent breaks
+the one among a chat's objects when it forgets the chat, `ChatActor.forgotten`, so that
+reference counting frees them; any other cycle waits for the collector). So the frozen heap is
+bounded: once it holds more than `THAW_GROWTH` (2) times the larger of what the last full walk
+of it left and `THAW_FLOOR_OBJECTS`, it is unfrozen, and the next full collection walks and
+collects all of it, as CPython's own would, and freezes what lives. A walk of the whole heap
+then comes once for each doubling of the tracked heap, instead of at each quarter, and the
+cyclic garbage held back is at most about the larger of what lived at the last one and
+`THAW_FLOOR_OBJECTS` (and what reached the frozen heap in the second since it was last counted,
+`FROZEN_COUNT_EVERY_S`). That walk is the one long pause left (about 0.5 ms per 1,000 objects on
+the benchmark machine): the price of a bound on memory. Measured on CPython 3.11, the oldest
+Python the project supports; the rule quoted above is 3.11's (Modules/gcmodule.c).
 
 Process-wide, so only the programs that own their process call these: `toolwire serve` and the
 benchmark's agent (which runs as serve's defaults). A program embedding the Agent keeps its own.
@@ -63,7 +63,7 @@ def favour_the_event_loop() -> None:
 # one have run (and, CPython's own rule, the objects that reached the oldest since the last full
 # collection are a quarter of what it left). Python's default is 10: with the survivors frozen,
 # each full collection walks only what reached the oldest generation since the last one, about
-# 40,000-60,000 objects in a flood of chats at 10 (15-34 ms, idle machine), 10,000-30,000 at 2
+# 40,000-60,000 objects in a flood of chats at 10 (15-34 ms, load about 1), 10,000-30,000 at 2
 # (2-10 ms).
 OLDEST_GENERATION_THRESHOLD = 2
 # The frozen heap is thawed (walked by the next full collection) once it holds this many times
@@ -73,7 +73,8 @@ OLDEST_GENERATION_THRESHOLD = 2
 THAW_GROWTH = 2
 # ... and never below this many objects: the start alone freezes about 40,000, and 5,000 chats
 # of one call each add about 65,000 (a full walk of 100,000 took 52-59 ms on the benchmark
-# machine, idle). Tracked objects are mostly 50-200 bytes: tens of MiB held back at most.
+# machine, load about 1). The bound counts objects, as CPython's own rule does: tracked objects
+# are mostly 50-200 bytes, but what a garbage cycle refers to (a big string) is not counted.
 THAW_FLOOR_OBJECTS = 150_000
 # Counting the frozen objects walks their list (about 1 ms per 100,000): at most once a second.
 FROZEN_COUNT_EVERY_S = 1.0
