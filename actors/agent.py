@@ -256,6 +256,7 @@ class Agent:
             if chat.idle:
                 # Memory is bounded by live records: an empty chat costs nothing to recreate.
                 del self.chats[chat_id]
+                chat.forgotten()
 
     async def shutdown(self) -> None:
         """Stop gracefully (PROTOCOL.md 9.3): no request is taken from here on; every chat

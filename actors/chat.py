@@ -219,6 +219,13 @@ class ChatActor:
         """Periodic housekeeping: forget old records and exited processes (5.2, 5.4)."""
         self._request(fx.Sweep())
 
+    def forgotten(self) -> None:
+        """The agent drops this chat, idle: break the one cycle among its objects (its journal
+        effects feed it back), so that reference counting frees them at once. Left to the
+        cyclic collector, they would wait for the next walk of the frozen heap, where every
+        long-lived chat ends up (actors/loop_priority.py)."""
+        self.journal_effects.forget_chat()
+
     # -----------------------------------------------------------------------------------------
     # The interpreter
 

@@ -55,19 +55,46 @@ class Fed(Protocol):
     def feed_all(self, events: list[Input]) -> None: ...
 
 
+class ForgottenChat:
+    """What a chat's journal effects feed once the agent has dropped the chat (idle: nothing of
+    it waits for the journal). Anything fed is a defect, logged, never raised: it comes from a
+    journal callback, where raising would end every other chat's work."""
+
+    __slots__ = ("chat_id",)
+
+    def __init__(self, chat_id: str) -> None:
+        self.chat_id = chat_id
+
+    def feed(self, event: Input) -> None:
+        self.feed_all([event])
+
+    def feed_all(self, events: list[Input]) -> None:
+        log.error(
+            "chat %r was forgotten with journal completions still to come: %r",
+            self.chat_id,
+            events,
+            extra={"chat_id": self.chat_id},
+        )
+
+
 class JournalEffects:
-    # The chat itself rather than two bound methods of it: 120 bytes less per idle chat.
+    # The chat itself rather than two bound methods of it: 120 bytes less per idle chat. The
+    # chat owns this, so the two make a cycle: `forget_chat` breaks it when the chat is dropped.
     __slots__ = ("_chat", "_chat_id", "_ctx", "_tasks", "_waiting")
 
     def __init__(self, chat_id: str, ctx: AgentContext, chat: Fed, tasks: TaskHost) -> None:
         self._chat_id = chat_id
         self._ctx = ctx
-        self._chat = chat
+        self._chat: Fed = chat
         self._tasks = tasks
         # What waits for a change of this chat to be durable, in sequence order (the journal
         # numbers changes in the order they are queued). None while nothing waits: most chats
         # are idle, and an empty list costs each of them 56 bytes.
         self._waiting: list[tuple[int, Input]] | None = None
+
+    def forget_chat(self) -> None:
+        """The chat is dropped: let go of it (see `ForgottenChat`)."""
+        self._chat = ForgottenChat(self._chat_id)
 
     def write(self, effect: JournalWrite) -> None:
         journal = self._ctx.journal

@@ -24,7 +24,7 @@ from toolwire.actors.context import Limits
 from toolwire.actors.hidden_paths import NOTHING_HIDDEN, HiddenPaths
 from toolwire.actors.journal import CommitBatch, Journal, SqliteJournal, open_journal
 from toolwire.actors.kept import KeeperClient, KeptProcessBackend
-from toolwire.actors.loop_priority import favour_the_event_loop, keep_the_collector_off_the_start
+from toolwire.actors.loop_priority import favour_the_event_loop, fold_survivors_out_of_the_collector
 from toolwire.transport.server import Server, ServerConfig
 
 
@@ -52,7 +52,7 @@ async def main(
     skip_commits: bool = False,
 ) -> None:
     favour_the_event_loop()  # as `toolwire serve` does
-    keep_the_collector_off_the_start()
+    fold_survivors_out_of_the_collector()
     chosen: Journal
     if skip_commits:
         if journal != "sqlite" or not state_dir:

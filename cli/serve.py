@@ -19,7 +19,7 @@ from toolwire.actors.context import Limits
 from toolwire.actors.hidden_paths import HiddenPaths
 from toolwire.actors.journal import JournalError, open_journal
 from toolwire.actors.kept import KeeperClient, KeptProcessBackend
-from toolwire.actors.loop_priority import favour_the_event_loop, keep_the_collector_off_the_start
+from toolwire.actors.loop_priority import favour_the_event_loop, fold_survivors_out_of_the_collector
 from toolwire.actors.results import ToolwireError
 from toolwire.actors.sandbox import Enforcement
 from toolwire.actors.sandbox_policy import FULL, SandboxPolicy
@@ -84,7 +84,7 @@ def ssl_context(options: ServeOptions) -> ssl.SSLContext | None:
 
 async def serve(options: ServeOptions) -> None:
     favour_the_event_loop()
-    keep_the_collector_off_the_start()
+    fold_survivors_out_of_the_collector()
     state_dir = options.state_dir or default_state_dir()
     token, token_source = resolve_token(options.token_file, options.insecure_no_auth, state_dir)
     if options.journal != "memory":
