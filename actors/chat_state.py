@@ -923,6 +923,8 @@ class ChatState:
         # The groups first, unconditionally: a command whose shell already exited may have
         # left members, and they go too.
         stopped = self._stop_every_group()
+        # Commands still being spawned: stopped once the keeper answered (`_process_started`).
+        spawning = [r.call_id for r in targets if self._spawning(r.call_id)]
         for record in targets:
             self._cancel_one(record.call_id)
         if self.config.journal_enabled and self._close_row == _NO_CLOSE_ROW:
@@ -932,9 +934,20 @@ class ChatState:
             self._emit(JournalClose(self._wall_ms, CloseDurable()))
 
         def chat_closed(ended: list[str]) -> Event:
-            return ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
+            # Of those, the ones whose process came and was stopped (`canceled`): a spawn that
+            # failed, or that the shell gave up on, stopped nothing.
+            came = [c for c in spawning if self._outcome(c) is Outcome.CANCELED]
+            return ChatClosedEvent(self.chat_id, ended, [*stopped, *came], req.rid)
 
         self._reply_when_quiet(req.conn, targets, ending, turns, stopped, chat_closed, closing=True)
+
+    def _spawning(self, call_id: str) -> bool:
+        call = self.calls.get(call_id)
+        return call is not None and call.spawning
+
+    def _outcome(self, call_id: str) -> Outcome | None:
+        record = self.records.get(call_id)
+        return record.outcome if record is not None else None
 
     def _on_close_durable(self, event: CloseDurable) -> None:
         if self._close_row == _CLOSE_QUEUED:

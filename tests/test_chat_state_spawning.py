@@ -11,6 +11,8 @@ every interleaving; these are its cases one by one.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from toolwire.actors.effects import (
     StopGroup,
     Sweep,
 )
-from toolwire.actors.events import StartedEvent
+from toolwire.actors.events import ChatClosedEvent, StartedEvent
 from toolwire.actors.results import (
     TEXT_AGENT_FAILURE,
     TEXT_SHUTDOWN,
@@ -80,6 +82,19 @@ def _replied(world: World, kind: str) -> bool:
     return not world.state.groups and world.state.replies_waiting == 0
 
 
+def _sent(world: World) -> list[Any]:
+    """Every event the World's shell sends from here on, in order."""
+    sent: list[Any] = []
+    original = world.sent
+
+    def record(conn: Any, event: Any) -> None:
+        sent.append(event)
+        original(conn, event)
+
+    world.sent = record  # type: ignore[method-assign]
+    return sent
+
+
 @pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("kind", ["cancel", "interrupt", "close_chat", "shutdown"])
 def test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers(
@@ -89,6 +104,7 @@ def test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers(
     nothing is sent to it and the reply waits. The keeper's `Spawned` then stops the group at
     once, and the call ends `canceled` (with 9.3's text for the shutdown), its reply after."""
     world = _spawning(background=background)
+    sent = _sent(world)
     _stop(world, kind)
     world.commit(len(world.pending_writes))
     assert not _replied(world, kind), "answered while the command may be starting"
@@ -101,6 +117,10 @@ def test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers(
     assert result is not None and result.outcome is Outcome.CANCELED and result.canceled
     if kind == "shutdown":
         assert result.text == TEXT_SHUTDOWN
+    if kind == "close_chat":
+        (closed,) = [e for e in sent if isinstance(e, ChatClosedEvent)]
+        assert closed.process_ids == ["k1"], "chat_closed does not name the process it stopped"
+        assert closed.call_ids == ["k1"]
     assert not world.state.groups
 
 
