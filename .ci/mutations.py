@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 TEST_FILE = "tests/test_chat_state.py"
 KEEPER_FILE = "tests/test_chat_state_keeper.py"
+SPAWNING_FILE = "tests/test_chat_state_spawning.py"
 MACHINE = "TestChatStateMachine"
 
 
@@ -301,6 +302,24 @@ MUTATIONS = [
         "        )\n",
         MACHINE,
         ("d.plan_before_resolved",),
+    ),
+    Mutation(
+        "a stop asked while a command is being spawned stops it when the keeper answers",
+        CHAT_STATE,
+        "        if record.cancel_requested:\n            # Canceled while it was being spawned",
+        "        if False:\n            # Canceled while it was being spawned",
+        "test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers[cancel-False]",
+        ("s.stop_while_spawning_lost",),
+        SPAWNING_FILE,
+    ),
+    Mutation(
+        "a command being spawned holds its process slot until the keeper answers",
+        CHAT_STATE,
+        "            self._launching[record.call_id] = None\n            call.spawning = True\n",
+        "            call.spawning = True\n",
+        "test_a_command_being_spawned_holds_its_process_slot_and_keeps_the_chat",
+        (),
+        SPAWNING_FILE,
     ),
 ]
 

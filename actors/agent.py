@@ -92,6 +92,9 @@ class Agent:
                     keeper.client, limits.output_retention_bytes, limits.result_output_bytes
                 ):
                     readopted[(found.meta.chat_id, found.meta.call_id)] = found
+                # From here on a full socket is waited for off the loop (`KeeperClient.send`):
+                # not before, where `readopt` waits for its replies without yielding.
+                keeper.client.nursery = nursery
             self.recovered = await self._recover(readopted)
             self._drop_unclaimed(readopted)
             # Recovery ends every call that was running when the agent died `unknown`. That

@@ -113,7 +113,13 @@ class ChatActor:
 
     @property
     def idle(self) -> bool:
-        return self.state.idle and not self.processes and not self._tasks.busy
+        work = self._work
+        return (
+            self.state.idle
+            and not self.processes
+            and not self._tasks.busy
+            and (work is None or not work.spawning)
+        )
 
     # -----------------------------------------------------------------------------------------
     # Requests: each raises ToolwireError and changes nothing when refused

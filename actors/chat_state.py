@@ -229,6 +229,11 @@ class CallState:
     # The `accepted` of a call that ends before anything else is sent for it, held to go out
     # with its result once that is durable (_answers_at_once).
     held_accepted: tuple[Conn, AcceptedEvent] | None = None
+    # `Spawn` went out and neither `Spawned` nor `SpawnFailed` came back yet: the keeper may
+    # be starting the command right now. A cancel, an interrupt, a close or the shutdown
+    # meanwhile only marks the record (`cancel_requested`); `Spawned` then stops the group at
+    # once (docs/durability.md, "While a command is spawned").
+    spawning: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -918,6 +923,8 @@ class ChatState:
         # The groups first, unconditionally: a command whose shell already exited may have
         # left members, and they go too.
         stopped = self._stop_every_group()
+        # Commands still being spawned: stopped once the keeper answered (`_process_started`).
+        spawning = [r.call_id for r in targets if self._spawning(r.call_id)]
         for record in targets:
             self._cancel_one(record.call_id)
         if self.config.journal_enabled and self._close_row == _NO_CLOSE_ROW:
@@ -927,9 +934,20 @@ class ChatState:
             self._emit(JournalClose(self._wall_ms, CloseDurable()))
 
         def chat_closed(ended: list[str]) -> Event:
-            return ChatClosedEvent(self.chat_id, ended, stopped, req.rid)
+            # Of those, the ones whose process came and was stopped (`canceled`): a spawn that
+            # failed, or that the shell gave up on, stopped nothing.
+            came = [c for c in spawning if self._outcome(c) is Outcome.CANCELED]
+            return ChatClosedEvent(self.chat_id, ended, [*stopped, *came], req.rid)
 
         self._reply_when_quiet(req.conn, targets, ending, turns, stopped, chat_closed, closing=True)
+
+    def _spawning(self, call_id: str) -> bool:
+        call = self.calls.get(call_id)
+        return call is not None and call.spawning
+
+    def _outcome(self, call_id: str) -> Outcome | None:
+        record = self.records.get(call_id)
+        return record.outcome if record is not None else None
 
     def _on_close_durable(self, event: CloseDurable) -> None:
         if self._close_row == _CLOSE_QUEUED:
@@ -1334,6 +1352,9 @@ class ChatState:
                 self._finish(record, self._plain_result(record, Outcome.FAILED, why))
                 return
             started_at_ms = record.started_at_ms or self._wall_ms
+            # It holds its process slot until the shell says whether it started.
+            self._launching[record.call_id] = None
+            call.spawning = True
             self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
         call.stoppable = _stoppable(tool)
@@ -1385,6 +1406,11 @@ class ChatState:
         call truthfully, so no request, repeat, attach, cancel or interrupt waits on it forever
         (PROTOCOL.md 9.9, 9.10)."""
         self._launching.pop(event.call_id, None)
+        call = self.calls.get(event.call_id)
+        if call is not None:
+            # The shell gave up on a spawn it asked for (the keeper is gone): the command may
+            # have started, so the call ends `unknown`; a `Spawned` after this is an orphan.
+            call.spawning = False
         record = self.records.get(event.call_id)
         if record is None or record.done:
             return
@@ -1399,9 +1425,41 @@ class ChatState:
         return self._plain_result(record, Outcome.NOT_RUN, TEXT_AGENT_FAILURE_BEFORE_RUN)
 
     def _on_spawned(self, event: Spawned) -> None:
+        """The command `Spawn` asked for runs. Whatever came while it was being spawned was
+        kept for this moment: a cancel (also an interrupt's, a close's or the shutdown's) stops
+        its group now (`_process_started`). A command no call waits for any more (the shell
+        gave up on its spawn, `ToolFailed`) is held only to be stopped."""
+        self._launching.pop(event.call_id, None)
         record = self.records.get(event.call_id)
         call = self.calls.get(event.call_id)
-        assert record is not None and call is not None
+        if (
+            record is None
+            or call is None
+            or not call.spawning
+            or record.state is not RecordState.RUNNING
+        ):
+            self._stop_orphan(event, record)
+            return
+        call.spawning = False
+        self._process_started(record, call, event)
+
+    def _stop_orphan(self, event: Spawned, record: ToolCallRecord | None) -> None:
+        """A process no call answers for: listed and stopped at once, as a cancel of an ended
+        call stops what it left running, so nothing of it runs on unseen (5.3)."""
+        call_id = event.call_id
+        if call_id in self.groups:
+            return  # not a second group under one id: the first one's stop stands
+        self._running_processes[call_id] = None
+        if self._listed is None:
+            self._listed = {}
+        self._listed[call_id] = ListedProcess()
+        started_at_ms = record.started_at_ms if record is not None else None
+        self.groups[call_id] = GroupState(started_at_ms=started_at_ms or self._wall_ms)
+        self._stop_group(call_id, unless_exited=False)
+
+    def _process_started(self, record: ToolCallRecord, call: CallState, event: Spawned) -> None:
+        """A call's command runs (spawned, or re-adopted after a restart): its group, its
+        listing, its `started` and its timers."""
         self._running_processes[event.call_id] = None
         if self._listed is None:
             self._listed = {}
@@ -1417,6 +1475,15 @@ class ChatState:
             self.chat_id, record.call_id, record.started_at_ms or 0, event.pid
         )
         self._emit(Publish(record.call_id, call.started, self._streaming(call)))
+        if record.cancel_requested:
+            # Canceled while it was being spawned (5.3; an interrupt, a close or the shutdown
+            # likewise): stopped now, as a running command is; it ends `canceled` unless it
+            # exited first.
+            # A close or the shutdown stops the group whatever its shell did meanwhile, as it
+            # stops every other group (`_stop_every_group`).
+            stop_all = self.closed or self.shutting_down
+            self._stop_group(record.call_id, unless_exited=not stop_all)
+            return
         if call.spec.background:
             self._finish(record, self._execute_result(record, event.snapshot, Outcome.COMPLETED))
             return
@@ -1428,6 +1495,10 @@ class ChatState:
             )
 
     def _on_spawn_failed(self, event: SpawnFailed) -> None:
+        self._launching.pop(event.call_id, None)
+        call = self.calls.get(event.call_id)
+        if call is not None:
+            call.spawning = False
         record = self.records.get(event.call_id)
         if record is None or record.done:
             return
@@ -1566,7 +1637,8 @@ class ChatState:
                 self._emit(StopRun(call_id))
             # A write in a worker thread is not interrupted half-way: the cancel waits for it
             # and reports its real result, which is the truth. A start still on its way to
-            # disk ends `not_run` when it gets there.
+            # disk ends `not_run` when it gets there. A command still being spawned
+            # (`call.spawning`) is stopped when its `Spawned` comes.
         elif leftover:
             # Ended (a timeout, a background start) with its process still there: a cancel
             # kills it "like a running one" (5.3).
@@ -1706,7 +1778,8 @@ class ChatState:
             if call is not None and call.stoppable and record.call_id not in self.groups:
                 self._emit(StopRun(record.call_id))
             # A write on a worker thread ends on its own with its real result; a start on
-            # its way to disk ends `not_run` when it gets there.
+            # its way to disk ends `not_run` when it gets there; a command being spawned is
+            # stopped when its `Spawned` comes.
 
         seen = [0, 0]  # as in `_reply_when_quiet`: each item checked until it is over
 
@@ -2327,7 +2400,7 @@ class ChatState:
         record = self.records.get(event.call_id)
         call = self.calls.get(event.call_id)
         if record is not None and record.state is RecordState.RUNNING and call is not None:
-            self._on_spawned(Spawned(event.call_id, event.pid, event.snapshot))
+            self._process_started(record, call, Spawned(event.call_id, event.pid, event.snapshot))
         else:
             self._running_processes[event.call_id] = None
             if self._listed is None:

@@ -97,6 +97,7 @@ class ChatWork:
         "_followers",
         "_searches",
         "_spawn",
+        "_spawning",
         "_stoppable",
         "_timers",
         "chat_id",
@@ -125,13 +126,25 @@ class ChatWork:
         self._searches: dict[str, threading.Event] = {}
         # Processes found again at a restart, until their call asks to adopt them.
         self._adoptable: dict[str, kept.Readopted] = {}
+        # Spawns asked of the keeper whose reply has not come yet.
+        self._spawning: dict[str, _KeptSpawn] = {}
 
     @property
     def idle(self) -> bool:
-        """No timer set and no tool a cancel could stop: nothing here outlives the moment."""
+        """No timer set, no tool a cancel could stop, no spawn waiting for the keeper:
+        nothing here outlives the moment."""
         return (
-            not self._timers and not self._stoppable and not self._searches and not self._adoptable
+            not self._timers
+            and not self._stoppable
+            and not self._searches
+            and not self._adoptable
+            and not self._spawning
         )
+
+    @property
+    def spawning(self) -> bool:
+        """A spawn asked of the keeper waits for its reply (the chat must stay to take it)."""
+        return bool(self._spawning)
 
     def run_tool(self, effect: RunTool) -> None:
         policy = self.ctx.effective_sandbox(effect.sandbox)
@@ -294,14 +307,18 @@ class ChatWork:
         except ToolwireError as exc:
             self._feed(SpawnFailed(call_id, exc.message))
             return
-        try:
-            keeper = self.ctx.keeper
-            if keeper is not None:
-                # Held by the keeper, so that it outlives this agent (PROTOCOL.md 10.1).
-                handle = keeper.spawn(
+        keeper = self.ctx.keeper
+        if keeper is not None:
+            # Held by the keeper, so that it outlives this agent (PROTOCOL.md 10.1). Asked
+            # without waiting: its reply comes to `_KeptSpawn`, and only then is the process
+            # listed and `Spawned` fed (ChatState holds the call meanwhile).
+            waiter = _KeptSpawn(self, effect, args.command)
+            try:
+                keeper.start_spawn(
                     execute_tool.argv_for(args),
                     execute_tool.cwd_for(args, self.ctx.workspace),
                     execute_tool.env_for(args, self.ctx.base_env),
+                    waiter,
                     stdin=execute_tool.stdin_for(args),
                     terminal=execute_tool.terminal_for(args),
                     confinement=confinement,
@@ -314,32 +331,36 @@ class ChatWork:
                         grace_ms=int(self.ctx.kill_grace_s * 1000),
                     ),
                 )
-                proc = self.processes.add(call_id, args.command, handle, effect.started_at_ms)
-            else:
-                proc = self.processes.spawn(
-                    call_id,
-                    args.command,
-                    execute_tool.argv_for(args),
-                    execute_tool.cwd_for(args, self.ctx.workspace),
-                    execute_tool.env_for(args, self.ctx.base_env),
-                    effect.started_at_ms,
-                    stdin=execute_tool.stdin_for(args),
-                    terminal=execute_tool.terminal_for(args),
-                    confinement=confinement,
-                )
-        except kept.StartedAndStopped:
-            log.error(
-                "the keeper started the command but could not hold it; it was killed",
-                extra={"chat_id": self.chat_id, "call_id": call_id},
-            )
-            self._feed(ToolFailed(call_id))  # it ran, if only for an instant: `unknown`
+            except OSError as exc:  # nothing was asked
+                self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
+                return
+            self._spawning[call_id] = waiter
             return
+        try:
+            proc = self.processes.spawn(
+                call_id,
+                args.command,
+                execute_tool.argv_for(args),
+                execute_tool.cwd_for(args, self.ctx.workspace),
+                execute_tool.env_for(args, self.ctx.base_env),
+                effect.started_at_ms,
+                stdin=execute_tool.stdin_for(args),
+                terminal=execute_tool.terminal_for(args),
+                confinement=confinement,
+            )
         except OSError as exc:
             self._feed(SpawnFailed(call_id, exc.strerror or str(exc)))
             return
+        self._spawned(proc)
+
+    def _spawned(self, proc: processes.ProcessRecord) -> None:
         self._start(proc)
         assert proc.handle.pid is not None
-        self._feed(Spawned(call_id, proc.handle.pid, runners.snapshot(proc)))
+        self._feed(Spawned(proc.process_id, proc.handle.pid, runners.snapshot(proc)))
+
+    def kept_spawn_ended(self, waiter: _KeptSpawn) -> None:
+        if self._spawning.get(waiter.call_id) is waiter:
+            del self._spawning[waiter.call_id]
 
     def hold_for_adoption(self, readopted: kept.Readopted) -> None:
         """A restored call's process, found again at start: adopted when `Adopt` asks."""
@@ -558,3 +579,44 @@ async def _give_up(proc: processes.ProcessRecord, table: processes.ProcessTable)
 def _gone(call_id: str) -> ProcessSnapshot:
     """A command the table no longer lists (swept after it exited): nothing left to tell."""
     return ProcessSnapshot(call_id, None, None, True, "", 0, 0)
+
+
+class _KeptSpawn:
+    """A spawn asked of the keeper, until its reply (`kept.SpawnWaiter`): the process is
+    listed, its pump and reaper started and `Spawned` fed only once the keeper answered. The
+    keeper gone, or silent past its timeout, the call ends `unknown` (`ToolFailed`): the
+    command may have started."""
+
+    __slots__ = ("_command", "_started_at_ms", "_work", "call_id")
+
+    def __init__(self, work: ChatWork, effect: Spawn, command: str) -> None:
+        self._work = work
+        self.call_id = effect.call_id
+        self._command = command
+        self._started_at_ms = effect.started_at_ms
+
+    def spawned(self, handle: kept.KeptProcess) -> None:
+        work = self._work
+        work.kept_spawn_ended(self)
+        proc = work.processes.add(self.call_id, self._command, handle, self._started_at_ms)
+        work._spawned(proc)
+
+    def spawn_failed(self, error: OSError) -> None:
+        self._work.kept_spawn_ended(self)
+        if isinstance(error, kept.StartedAndStopped):
+            log.error(
+                "the keeper started the command but could not hold it; it was killed",
+                extra={"chat_id": self._work.chat_id, "call_id": self.call_id},
+            )
+            self._work._feed(ToolFailed(self.call_id))  # it ran, if only for an instant
+            return
+        self._work._feed(SpawnFailed(self.call_id, error.strerror or str(error)))
+
+    def spawn_unanswered(self, error: OSError) -> None:
+        self._work.kept_spawn_ended(self)
+        log.error(
+            "the keeper did not answer the spawn (%s): the call ends unknown",
+            error.strerror or error,
+            extra={"chat_id": self._work.chat_id, "call_id": self.call_id},
+        )
+        self._work._feed(ToolFailed(self.call_id))

@@ -596,8 +596,9 @@ class StopRun:
 
 @dataclass(frozen=True, slots=True)
 class Spawn:
-    """Start the command in a process group of its own; feed `Spawned` or `SpawnFailed`;
-    then `ProcessExited` when its shell exits and `OutputClosed` when its output ends."""
+    """Start the command in a process group of its own; feed `Spawned` or `SpawnFailed`
+    (with a keeper, once it answered: other inputs may come first, and `ToolFailed` if it never
+    does); then `ProcessExited` when its shell exits and `OutputClosed` when its output ends."""
 
     call_id: str
     args: msgspec.Struct

@@ -4,9 +4,11 @@ from it after a restart (PROTOCOL.md 10.1).
 `KeptProcessBackend` is the `ProcessBackend` of `toolwire serve` with a state dir: each spawn
 is one request to the keeper on its control socket (the keeper spawns, exactly as the agent
 did, and hands back its own end of a socket the process's output is forwarded on, a pidfd and
-the process's input). The request blocks the loop as the spawn itself did before (a spawn is
-a few hundred microseconds either way), so `ProcessBackend.spawn` stays synchronous and every
-caller of it unchanged. A `KeptProcess` then behaves as a process the agent spawned itself:
+the process's input). A chat's spawn (`start_spawn`) does not wait for the reply: the loop
+sends the request and goes on, and the reply comes through the event reader (`KeeperClient.run`)
+to a `SpawnWaiter`, so the loop every chat shares is never held for the keeper's posix_spawn
+(`spawn`, which waits, stays for callers that need the process at once). A `KeptProcess`
+then behaves as a process the agent spawned itself:
 its output is read from that socket as it was from the pipe, its stdin is written through the
 agent's copy, its group signalled with killpg; only its exit comes from the keeper (its parent),
 after everything the command wrote before it.
@@ -32,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 import trio
@@ -95,6 +97,18 @@ class KeepInfo:
     grace_ms: int = 2000
 
 
+class ReplyWaiter(Protocol):
+    """Where the reply to a request sent with `KeeperClient.request_later` goes."""
+
+    def replied(self, reply: dict[str, Any], fds: list[int]) -> None:
+        """The reply and the descriptors it carries (the waiter's to close). Also after
+        `unanswered` if the keeper answers late."""
+
+    def unanswered(self, error: OSError) -> None:
+        """The keeper went, or did not answer within `REQUEST_TIMEOUT_S`: what was asked may
+        or may not have happened. Called at most once."""
+
+
 class KeeperClient:
     """The control socket to the keeper, from the agent's event loop thread."""
 
@@ -115,6 +129,14 @@ class KeeperClient:
         # The keeper's protocol (`hello`): the keeper outlives an upgrade of its agent, so a
         # newer agent may be talking to an older keeper, and speaks what that one knows.
         self.protocol = 1
+        # Requests whose reply goes to a waiter (`request_later`), and their deadlines in the
+        # order they were sent (trio time): a timed-out one keeps its waiter for a late reply.
+        self._waiters: dict[int, ReplyWaiter] = {}
+        self._deadlines: deque[tuple[float, int]] = deque()
+        # Messages the socket had no room for, sent in order by `_flush` (a task of `nursery`)
+        # as the keeper reads: the loop never waits for the keeper's queue to drain.
+        self._outgoing: deque[bytes] = deque()
+        self.nursery: trio.Nursery | None = None
         self.lost = False
 
     @classmethod
@@ -154,14 +176,47 @@ class KeeperClient:
     # -- requests -------------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
+        """Send `message`, in order after every message before it. A full socket (the keeper
+        behind on its reading) is waited for by `_flush` when there is a nursery, by blocking
+        before there is one (at start, `readopt` keeps its requests few enough)."""
         if self.lost:
             return
+        data = _encoder.encode(message)
+        if self._outgoing:
+            self._outgoing.append(data)
+            return
         try:
-            self._sock.send(_encoder.encode(message))
+            self._sock.send(data)
         except BlockingIOError:
-            self._blocking_send(_encoder.encode(message))
+            if self.nursery is None:
+                self._blocking_send(data)
+                return
+            # Not a wait on the loop: meanwhile `run` goes on reading the keeper's replies and
+            # events, so neither side can wait on the other's full queue.
+            self._outgoing.append(data)
+            self.nursery.start_soon(self._flush)
         except OSError:
             self._lose()
+
+    async def _flush(self) -> None:
+        """Send the queued messages as the socket has room; a keeper that takes none of them
+        for `REQUEST_TIMEOUT_S` is stuck: it is lost, as a blocked send would have found."""
+        while self._outgoing and not self.lost:
+            try:
+                self._sock.send(self._outgoing[0])
+            except BlockingIOError:
+                with trio.move_on_after(REQUEST_TIMEOUT_S) as waited:
+                    try:
+                        await trio.lowlevel.wait_writable(self._sock)
+                    except trio.ClosedResourceError:
+                        return
+                if waited.cancelled_caught:
+                    self._lose()
+                continue
+            except OSError:
+                self._lose()
+                return
+            self._outgoing.popleft()
 
     def _blocking_send(self, data: bytes) -> None:
         poller = select.poll()
@@ -225,6 +280,19 @@ class KeeperClient:
         self.send(message)
         return rid
 
+    def request_later(self, message: dict[str, Any], waiter: ReplyWaiter) -> None:
+        """Send `message` and return at once: its reply goes to `waiter` when the event reader
+        (`run`) reads it (see `ReplyWaiter`). OSError, nothing sent, if the keeper is gone."""
+        if self.lost:
+            raise OSError(errno.ENOTCONN, "the keeper is gone")
+        self._rid += 1
+        rid = message["rid"] = self._rid
+        self.send(message)
+        if self.lost:
+            raise OSError(errno.ENOTCONN, "the keeper is gone")
+        self._waiters[rid] = waiter
+        self._deadlines.append((trio.current_time() + REQUEST_TIMEOUT_S, rid))
+
     def wait_reply(self, rid: int) -> tuple[dict[str, Any], list[int]]:
         """The reply to the request `rid` (see `request`); replies to other requests still in
         flight that come first are kept for their own `wait_reply`."""
@@ -257,32 +325,72 @@ class KeeperClient:
             if got in self._awaited:
                 self._replies[got] = (reply, fds)
                 continue
-            for fd in fds:
-                os.close(fd)
-            self._dispatch(reply)
+            self._take(reply, fds)
         raise OSError(errno.ETIMEDOUT if not self.lost else errno.ENOTCONN, "the keeper is gone")
 
     # -- events ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Read the keeper's events (exits) until it goes; then every process it held is
-        lost (its exit can no longer be known)."""
+        """Read the keeper's events (exits) and the replies waiters wait for until it goes;
+        then every process it held is lost (its exit can no longer be known), and every
+        request still waiting is unanswered."""
         while not self.lost:
             try:
-                await trio.lowlevel.wait_readable(self._sock)
+                deadline = self._next_deadline()
+                if deadline is None:
+                    await trio.lowlevel.wait_readable(self._sock)
+                else:
+                    with trio.move_on_at(deadline):
+                        await trio.lowlevel.wait_readable(self._sock)
+                    self._expire(trio.current_time())
             except trio.ClosedResourceError:
                 return
             while not self.lost:
+                fds: list[int] = []
                 try:
-                    data: memoryview | bytes = self._reader.recv(self._sock)
+                    if self._waiters:  # a reply may carry descriptors
+                        data, fds = self._reader.recv_fds(self._sock, 16)
+                    else:
+                        data = self._reader.recv(self._sock)
                 except BlockingIOError:
                     break
                 except OSError:
-                    data = b""
+                    data = memoryview(b"")
                 if not data:
                     self._lose()
                     break
-                self._dispatch(_decoder.decode(data))
+                self._take(_decoder.decode(data), fds)
+
+    def _next_deadline(self) -> float | None:
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1] not in self._waiters:
+            deadlines.popleft()  # answered
+        return deadlines[0][0] if deadlines else None
+
+    def _expire(self, now: float) -> None:
+        """Requests not answered in `REQUEST_TIMEOUT_S`: unanswered (a late reply still goes
+        to its waiter, which knows it gave up)."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, rid = deadlines.popleft()
+            waiter = self._waiters.get(rid)
+            if waiter is not None:
+                waiter.unanswered(OSError(errno.ETIMEDOUT, "the keeper does not answer"))
+
+    def _take(self, message: dict[str, Any], fds: list[int]) -> None:
+        """A message read from the keeper: a reply a waiter waits for, or an event."""
+        rid = message.get("rid")
+        waiter = self._waiters.pop(rid, None) if rid is not None else None
+        if waiter is not None:
+            try:
+                waiter.replied(message, fds)
+            except Exception:
+                # The reader goes on: every other command's exit still comes through it.
+                log.exception("handling the keeper's reply to request %s failed", rid)
+            return
+        for fd in fds:
+            os.close(fd)
+        self._dispatch(message)
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         if event.get("ev") == "exit":
@@ -297,6 +405,12 @@ class KeeperClient:
         log.error("the keeper is gone: the commands it held are lost")
         for handle in list(self._handles.values()):
             handle.keeper_lost()
+        waiters = list(self._waiters.values())
+        self._waiters.clear()
+        self._deadlines.clear()
+        self._outgoing.clear()
+        for waiter in waiters:
+            waiter.unanswered(OSError(errno.ENOTCONN, "the keeper is gone"))
         if self._child is not None:
             self._child.poll()
 
@@ -526,6 +640,7 @@ class KeptProcessBackend:
         if client.lost and self.nursery is not None:
             client = KeeperClient.connect_or_start(os.path.dirname(client.keeper_dir))
             self.client = client
+            client.nursery = self.nursery
             self.nursery.start_soon(client.run)
         return client
 
@@ -540,8 +655,44 @@ class KeptProcessBackend:
         confinement: Confinement | None = None,
         keep: KeepInfo | None = None,
     ) -> KeptProcess:
+        """Spawn and wait for the keeper's reply (blocking the loop meanwhile)."""
         if keep is None:
             raise ValueError("a kept command needs its chat and call")
+        key, message = self._spawn_message(argv, cwd, env, stdin, terminal, keep)
+        client = self._live_client()
+        _name_sandbox(client, message, confinement)
+        reply, fds = client.request(message)
+        return _spawned(client, key, reply, fds, terminal=terminal is not None)
+
+    def start_spawn(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        waiter: SpawnWaiter,
+        *,
+        keep: KeepInfo,
+        stdin: bool = False,
+        terminal: TerminalSize | None = None,
+        confinement: Confinement | None = None,
+    ) -> None:
+        """Ask the keeper to spawn and return at once: `waiter` learns how it went once the
+        keeper answers (see `SpawnWaiter`). OSError, nothing asked, if no keeper can be
+        reached."""
+        key, message = self._spawn_message(argv, cwd, env, stdin, terminal, keep)
+        client = self._live_client()
+        _name_sandbox(client, message, confinement)
+        client.request_later(message, _SpawnReply(client, key, terminal is not None, waiter))
+
+    def _spawn_message(
+        self,
+        argv: list[str],
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: bool,
+        terminal: TerminalSize | None,
+        keep: KeepInfo,
+    ) -> tuple[str, dict[str, Any]]:
         key = keeper_store.key_for(keep.chat_id, keep.call_id)
         message: dict[str, Any] = {
             "op": "spawn",
@@ -563,26 +714,86 @@ class KeptProcessBackend:
             message["grace_ms"] = keep.grace_ms
         if terminal is not None:
             message["rows"], message["cols"] = terminal.rows, terminal.cols
-        client = self._live_client()
-        if confinement is not None:
-            if client.protocol >= 2:
-                message["ruleset_id"] = client.ruleset_id(confinement)
-            else:  # an older keeper (an upgrade: `--on-shutdown keep`) knows only this form
-                message["ruleset"] = ruleset_fields(confinement.ruleset)
-                message["refuse_tcp"] = confinement.refuse_tcp
-        reply, fds = client.request(message)
-        if "pid" not in reply:
-            for fd in fds:
-                os.close(fd)
-            failed = StartedAndStopped if reply.get("started") else OSError
-            raise failed(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
-        return KeptProcess(
-            client,
-            key,
-            reply["pid"],
-            dict(zip(reply["fds"], fds, strict=True)),
-            terminal=terminal is not None,
-        )
+        return key, message
+
+
+def _name_sandbox(
+    client: KeeperClient, message: dict[str, Any], confinement: Confinement | None
+) -> None:
+    """Put a sandboxed spawn's ruleset into `message`, as `client`'s keeper reads it: by its
+    number on the connection (protocol 2, told once), or whole (an older keeper, left running
+    by an upgrade with `--on-shutdown keep`)."""
+    if confinement is None:
+        return
+    if client.protocol >= 2:
+        message["ruleset_id"] = client.ruleset_id(confinement)
+    else:
+        message["ruleset"] = ruleset_fields(confinement.ruleset)
+        message["refuse_tcp"] = confinement.refuse_tcp
+
+
+def _spawned(
+    client: KeeperClient, key: str, reply: dict[str, Any], fds: list[int], *, terminal: bool
+) -> KeptProcess:
+    """The process of a spawn's reply; OSError (its descriptors closed) if the keeper could
+    not spawn it, `StartedAndStopped` if it could not hold what it spawned."""
+    if "pid" not in reply:
+        for fd in fds:
+            os.close(fd)
+        failed = StartedAndStopped if reply.get("started") else OSError
+        raise failed(reply.get("errno", errno.EIO), reply.get("error", "spawn failed"))
+    return KeptProcess(
+        client, key, reply["pid"], dict(zip(reply["fds"], fds, strict=True)), terminal=terminal
+    )
+
+
+class SpawnWaiter(Protocol):
+    """How a spawn asked with `KeptProcessBackend.start_spawn` went: exactly one of these is
+    called, from the keeper client's event reader."""
+
+    def spawned(self, handle: KeptProcess) -> None:
+        """The command runs, held by the keeper."""
+
+    def spawn_failed(self, error: OSError) -> None:
+        """The keeper answered that it could not spawn it: nothing ran; or, a
+        `StartedAndStopped`, that it started it and could not hold it, and killed it."""
+
+    def spawn_unanswered(self, error: OSError) -> None:
+        """The keeper went, or did not answer in time: the command may have started."""
+
+
+class _SpawnReply:
+    """The `ReplyWaiter` of one spawn. A reply after the waiter was told `spawn_unanswered`
+    is a process nobody waits for: its group is killed and the keeper told to drop it, so
+    nothing runs that no call answers for."""
+
+    __slots__ = ("_client", "_given_up", "_key", "_terminal", "_waiter")
+
+    def __init__(self, client: KeeperClient, key: str, terminal: bool, waiter: SpawnWaiter):
+        self._client = client
+        self._key = key
+        self._terminal = terminal
+        self._waiter = waiter
+        self._given_up = False
+
+    def replied(self, reply: dict[str, Any], fds: list[int]) -> None:
+        try:
+            handle = _spawned(self._client, self._key, reply, fds, terminal=self._terminal)
+        except OSError as exc:
+            if not self._given_up:
+                self._waiter.spawn_failed(exc)
+            return
+        if self._given_up:
+            log.error("the keeper answered the spawn of %s too late: it is stopped", self._key)
+            handle.signal_group(signal.SIGKILL)
+            handle.release()
+            return
+        self._waiter.spawned(handle)
+
+    def unanswered(self, error: OSError) -> None:
+        if not self._given_up:
+            self._given_up = True
+            self._waiter.spawn_unanswered(error)
 
 
 @dataclass(eq=False, slots=True)

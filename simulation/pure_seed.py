@@ -311,6 +311,7 @@ class SeedWorld(World):
             config=config,
             state_class=sim.state_class,
             cache_entries=cache,
+            spawn_replies_later=True,
         )
 
     def conn_names(self) -> list[Any]:
@@ -319,6 +320,9 @@ class SeedWorld(World):
     def new_state(self) -> None:
         super().new_state()
         self.groups_model = {}
+        # Commands the keeper started whose reply the shell has not read yet: running, but
+        # not the shell's to signal or list until their `Spawned` (`spawn_answered`).
+        self.unannounced: dict[str, Group] = {}
         self.followers = {}
         self.commit_due = self.read_due = False
         self.lc.restarted()
@@ -441,7 +445,7 @@ class SeedWorld(World):
         """Before `Shutdown` is fed: the foreground commands whose shell runs now must end
         `canceled` with 9.3's text (s)."""
         self.lc.shut_done = False
-        for call_id, group in self.groups_model.items():
+        for call_id, group in [*self.groups_model.items(), *self.unannounced.items()]:
             plan = self.sim.calls.get((self.chat_id, call_id))
             if plan is None or plan.tool != "execute" or plan.background or group.crashed:
                 continue
@@ -640,10 +644,24 @@ class SeedWorld(World):
             return
         self.started(effect.call_id, read_only=False)
         self.sim.trace.add(EFFECT, self.now, self.generation, self.chat_id, effect.call_id, "spawn")
-        group = Group(script, self.now)
-        self.groups_model[effect.call_id] = group
-        self.inbox.append(Spawned(effect.call_id, 4242, group.snapshot(effect.call_id, self.now)))
-        self._track(effect.call_id, group)
+        # The keeper starts it now; its reply reaches the shell a seeded hop later (the keeper
+        # client's reader), and a cancel, an interrupt, a close or the shutdown may come first.
+        call_id = effect.call_id
+        self.unannounced[call_id] = Group(script, self.now)
+        self.spawning[call_id] = effect
+
+        def answered() -> None:
+            if call_id in self.spawning:
+                self.spawn_answered(call_id)
+
+        self.later(self.sim.rng.uniform(0.0, 0.002), answered)
+
+    def spawn_answered(self, call_id: str, how: str = "spawned") -> None:
+        del self.spawning[call_id]
+        group = self.unannounced.pop(call_id)
+        self.groups_model[call_id] = group
+        self.feed(Spawned(call_id, 4242, group.snapshot(call_id, self.now)))
+        self._track(call_id, group)
 
     def _track(self, call_id: str, group: Group) -> None:
         """Feed the shell's exit and the pipe's end when they happen (again after a signal
@@ -816,10 +834,11 @@ class SeedWorld(World):
         self.inbox.clear()
         self.crashed_at = self.now
         held = {c: g for c, g in self.groups_model.items() if not g.released}
+        held.update(self.unannounced)  # started by the keeper, their reply unread: held too
         if self.sim.keeper_rng.random() < KEEPER_LOST:
             self.lost = set(held)
             self.kept = {}
-            for group in self.groups_model.values():
+            for group in [*self.groups_model.values(), *self.unannounced.values()]:
                 group.crashed = True
                 group.signal(self.now, "SIGKILL")
         else:

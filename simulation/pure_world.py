@@ -27,6 +27,7 @@ from toolwire.actors.effects import (
     AttachRequest,
     CallEnded,
     CallRequest,
+    CancelRequest,
     CancelTimer,
     CloseChatRequest,
     CloseFailed,
@@ -42,6 +43,7 @@ from toolwire.actors.effects import (
     GroupLost,
     GroupStopped,
     Input,
+    InterruptRequest,
     JournalApproveTool,
     JournalClose,
     JournalDelete,
@@ -74,10 +76,12 @@ from toolwire.actors.effects import (
     ShutdownDone,
     Spawn,
     Spawned,
+    SpawnFailed,
     StartTimer,
     StopGroup,
     StopRun,
     ToolEnded,
+    ToolFailed,
     ToolStopped,
     TurnPlanned,
     TurnRequest,
@@ -186,8 +190,12 @@ class World:
         config: ChatConfig | None = None,
         state_class: type[ChatState] = ChatState,
         cache_entries: int = 2,
+        spawn_replies_later: bool = False,
     ) -> None:
         self.keeps = journal_keeps_results
+        # The keeper's reply to a spawn comes when the driver says (`spawn_answered`), not in
+        # the drain of the `Spawn` itself.
+        self.spawn_replies_later = spawn_replies_later
         self.chat_id = chat_id
         self.config = config if config is not None else default_config(journal_keeps_results)
         self.state_class = state_class
@@ -211,6 +219,11 @@ class World:
         # saved result (which stays on disk, untouched), so it does not count as one.
         self.unreadable: set[tuple[str, int]] = set()
         self.unsaved: set[tuple[str, int]] = set()  # results answered from memory only
+        # Calls whose spawn the shell gave up on (by life): each must end `unknown`. Calls a
+        # cancel, an interrupt, a close or the shutdown named while they were being spawned
+        # (by life): their `Spawned` must stop them at once.
+        self.spawns_given_up: set[tuple[str, int]] = set()
+        self.stops_owed: set[tuple[str, int]] = set()
         self.inbox: deque[Input] = deque()
         # Effects of calls, counted per life of a record (a forgotten record's id is new).
         self.life: Counter[str] = Counter()
@@ -268,6 +281,9 @@ class World:
         self.resolving: dict[str, ResolveTurn] = {}
         self.plans: dict[str, list[list[str]]] = {}
         self.unplanned_asks: dict[str, deque[TurnRequest]] = {}
+        # Commands the keeper was asked to spawn (`Spawn`) whose reply has not been fed yet
+        # (`spawn_answered`).
+        self.spawning: dict[str, Spawn] = {}
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -288,6 +304,7 @@ class World:
             return False
         self.carry_out(effects)
         self.asking = None
+        self.stops_while_spawning(event)
         if isinstance(event, CallRequest | AttachRequest):
             call_id = event.spec.call_id if isinstance(event, CallRequest) else event.call_id
             self.asked[(event.conn, call_id)] += 1
@@ -298,6 +315,30 @@ class World:
                 self.unplanned_asks.setdefault(event.turn_id, deque()).append(event)
         self.drain()
         return True
+
+    def stops_while_spawning(self, event: Input) -> None:
+        """A request that stops a command (5.3, 5.7, 9.6, 9.3), taken while the command is
+        still being spawned: owed a stop once its `Spawned` comes."""
+        if isinstance(event, CancelRequest):
+            named = set(event.call_ids)
+        elif isinstance(event, CloseChatRequest | Shutdown):
+            named = set(self.spawning)
+        elif isinstance(event, InterruptRequest):
+            run = self.state.turns.get(event.turn_id) if event.turn_id else None
+            turn_calls = set(run.call_ids) if run is not None else set()
+            named = set()
+            for call_id in self.spawning:
+                record = self.state.records.get(call_id)
+                if (
+                    event.turn_id is None
+                    or call_id in turn_calls
+                    or (record is not None and record.turn_id == event.turn_id)
+                ):
+                    named.add(call_id)
+        else:
+            return
+        for call_id in named & set(self.spawning):
+            self.stops_owed.add((call_id, self.life[call_id]))
 
     def asked_for(self, key: tuple[Any, str]) -> int:
         """Requests on the connection still waiting for the call's live result (not for a
@@ -329,6 +370,10 @@ class World:
             effects = self.state.handle(event, self.now, self.wall_ms)
             if isinstance(event, GroupLost):
                 self.check_group_lost(event.call_id, held, effects)
+            if isinstance(event, Spawned):
+                self.check_spawned(event.call_id, effects)
+            elif isinstance(event, Shutdown):
+                self.stops_while_spawning(event)  # fed, not requested
             self.carry_out(effects)
             self.asking = None  # a turn request answered with its plan (`sent`)
 
@@ -360,6 +405,33 @@ class World:
             f"{call_id}: a step on its group failed and the group got no SIGKILL",
         )
 
+    def check_spawned(self, call_id: str, effects: list[Effect]) -> None:
+        """A stop asked while the command was being spawned is never lost: the `Spawned`
+        stops its group at once, as a cancel of a running command does (5.3)."""
+        if (call_id, self.life[call_id]) not in self.stops_owed:
+            return
+        require(
+            any(isinstance(e, StopGroup) and e.call_id == call_id and e.canceled for e in effects),
+            "s.stop_while_spawning_lost",
+            f"{call_id}: stopped while it was being spawned, and its Spawned did not stop it",
+        )
+
+    def check_not_spawning(self, effect: Effect) -> None:
+        """Nothing is done to a command before its `Spawned`: no signal, no watch, no timer,
+        no `started` (its process is not the shell's yet: the keeper has not answered)."""
+        call_id: str | None = None
+        if isinstance(effect, StopGroup | KillGroup | WatchGroup | MarkTimedOut | DropProcess):
+            call_id = effect.call_id
+        elif isinstance(effect, StartTimer) and effect.key[1] in ("deadline", "kill_after"):
+            call_id = effect.key[0]
+        elif isinstance(effect, Publish) and isinstance(effect.event, StartedEvent):
+            call_id = effect.call_id
+        require(
+            call_id is None or call_id not in self.spawning,
+            "s.acted_before_spawned",
+            f"{call_id}: {type(effect).__name__} before the keeper answered its spawn",
+        )
+
     def fingerprint(self) -> Any:
         state = self.state
         return (
@@ -372,6 +444,7 @@ class World:
 
     def carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
+            self.check_not_spawning(effect)
             if isinstance(effect, Follow):
                 self.follow(effect)
             elif isinstance(effect, Send | SendResult | SendReplay):
@@ -649,9 +722,34 @@ class World:
             self.inbox.append(ToolStopped(effect.call_id))
 
     def spawn(self, effect: Spawn) -> None:
+        """As actors/chat_work.py does with a keeper: the request goes to the keeper, which
+        may start the command at once; its reply (`spawn_answered`) comes later, while other
+        inputs may come (`spawn_replies_later`; else at once, as without a keeper)."""
+        require(
+            effect.call_id not in self.spawning,
+            "s.spawned_twice",
+            f"{effect.call_id}: spawned again while its first spawn is unanswered",
+        )
         self.started(effect.call_id, read_only=False)
-        self.procs[effect.call_id] = Proc()
-        self.inbox.append(Spawned(effect.call_id, 4242, self.snapshot(effect.call_id)))
+        if not self.spawn_replies_later:
+            self.procs[effect.call_id] = Proc()
+            self.inbox.append(Spawned(effect.call_id, 4242, self.snapshot(effect.call_id)))
+            return
+        self.spawning[effect.call_id] = effect
+
+    def spawn_answered(self, call_id: str, how: str = "spawned") -> None:
+        """The keeper's reply to a spawn: "spawned" (the command runs), "failed" (it could not
+        spawn it), or "unanswered" (it went or said nothing in time: the shell gives up, and the
+        call must end `unknown`)."""
+        del self.spawning[call_id]
+        if how == "spawned":
+            self.procs[call_id] = Proc()
+            self.feed(Spawned(call_id, 4242, self.snapshot(call_id)))
+        elif how == "failed":
+            self.feed(SpawnFailed(call_id, "simulated: no such file"))
+        else:
+            self.spawns_given_up.add((call_id, self.life[call_id]))
+            self.feed(ToolFailed(call_id))
 
     def check_stop(self, effect: StopGroup) -> None:
         """What a stop tells the command's listing, from why it happens (5.3, 9.2, 9.3, 9.6):
@@ -869,6 +967,18 @@ class World:
                 "b.not_durable",
                 f"{call_id}: sent before durable",
             )
+        if key in self.spawns_given_up:
+            require(
+                result.outcome is Outcome.UNKNOWN,
+                "s.unanswered_spawn_not_unknown",
+                f"{call_id}: its spawn went unanswered (it may run) and it says {result.outcome}",
+            )
+        if key in self.stops_owed and result.tool == "execute":
+            require(
+                result.outcome in (Outcome.CANCELED, Outcome.FAILED, Outcome.UNKNOWN),
+                "s.stop_while_spawning_lost",
+                f"{call_id}: stopped while it was being spawned, and it says {result.outcome}",
+            )
         ran = self.effects_run[key] > 0
         if result.outcome in (Outcome.NOT_RUN, Outcome.DENIED):
             require(
@@ -955,7 +1065,9 @@ class World:
     def quiesce(self) -> None:
         """Let everything pending happen, until nothing is left."""
         for _ in range(200):
-            if self.resolving:
+            if self.spawning:
+                self.spawn_answered(next(iter(self.spawning)))
+            elif self.resolving:
                 self.paths_resolved(next(iter(self.resolving)))
             elif self.pending_writes:
                 self.commit(len(self.pending_writes))

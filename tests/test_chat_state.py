@@ -76,7 +76,7 @@ class ChatStateMachine(RuleBasedStateMachine):
 
     @initialize(keeps=st.booleans())
     def start(self, keeps: bool) -> None:
-        self.world = World(journal_keeps_results=keeps)
+        self.world = World(journal_keeps_results=keeps, spawn_replies_later=True)
         self.sent_specs: list[CallSpec] = []
 
     conns = st.integers(0, 1)
@@ -187,6 +187,29 @@ class ChatStateMachine(RuleBasedStateMachine):
         repeats, detaches and closes of it are handled meanwhile."""
         turn_id = data.draw(st.sampled_from(sorted(self.world.resolving)))
         self.world.paths_resolved(turn_id, fails=fails)
+
+    @precondition(lambda self: self.world.spawning)
+    @rule(data=st.data(), how=st.sampled_from(["spawned", "spawned", "failed", "unanswered"]))
+    def keeper_answers_a_spawn(self, data: st.DataObject, how: str) -> None:
+        """The keeper's reply to a spawn comes (through the keeper client's reader), or the
+        shell gives up on it. Until then the call runs without a process: cancels,
+        interrupts, closes, repeats, attaches and sweeps of it are handled meanwhile, and
+        nothing is done to its process before the reply (`World.check_not_spawning`)."""
+        call_id = data.draw(st.sampled_from(sorted(self.world.spawning)))
+        self.world.spawn_answered(call_id, how)
+
+    @precondition(lambda self: self.world.spawning)
+    @rule(conn=conns, data=st.data(), how=st.sampled_from(["cancel", "interrupt", "close_chat"]))
+    def stop_a_command_being_spawned(self, conn: int, data: st.DataObject, how: str) -> None:
+        """A cancel, an interrupt or a close aimed right into the window between `Spawn` and
+        the keeper's reply (the other rules reach it too, but seldom)."""
+        call_id = data.draw(st.sampled_from(sorted(self.world.spawning)))
+        if how == "cancel":
+            self.cancel(conn, [call_id])
+        elif how == "interrupt":
+            self.interrupt(conn, None)
+        else:
+            self.close_chat(conn)
 
     @precondition(lambda self: self.world.tasks)
     @rule(data=st.data())
