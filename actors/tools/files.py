@@ -932,6 +932,11 @@ class _EditTarget:
     # texts (big_text), None before the first edit: no whole-file value is made unless a file
     # gets a second edit.
     edited: list[big_text.Piece] | None = None
+    # How many edits were applied, and the last one's `old` and `new`: with one edit, whether
+    # the content is still the file's bytes needs no hash of them (`_unchanged`).
+    applied: int = 0
+    last_old: bytes = b""
+    last_new: bytes = b""
 
     @property
     def original(self) -> big_text.Piece:
@@ -1068,6 +1073,8 @@ def _edit_read(args: EditFilesArgs, paths: list[str], reads: ExitStack) -> ToolR
                 )
             new = edit.new.encode("utf-8")
             current.edited = big_text.replaced(data, starts, len(old), new, end=end)
+            current.applied += 1
+            current.last_old, current.last_new = old, new
             count += found
         counts.append(count)
 
@@ -1075,7 +1082,7 @@ def _edit_read(args: EditFilesArgs, paths: list[str], reads: ExitStack) -> ToolR
     digests: dict[str, str] = {}  # by resolved path: the SHA-256 the file is left with
     for t in targets.values():
         digests[t.target] = big_text.sha256_hex(t.content)
-        if big_text.size(t.content) == t.length and digests[t.target] == _sha256_hex(t.original):
+        if _unchanged(t, digests[t.target]):
             continue  # the edits left it as it was (as "a" -> "b" then "b" -> "a")
         try:
             _atomic_write(t.target, t.content, t.stat)
@@ -1090,6 +1097,18 @@ def _edit_read(args: EditFilesArgs, paths: list[str], reads: ExitStack) -> ToolR
         for entry, n, target in zip(args.files, counts, paths, strict=True)
     ]
     return _completed(text, {"files": files})
+
+
+def _unchanged(t: _EditTarget, digest: str) -> bool:
+    """Whether the edits left the content of `t`, whose SHA-256 is now `digest`, the bytes
+    the file was read as."""
+    if big_text.size(t.content) != t.length:
+        return False
+    if t.applied == 1:
+        # One edit and the same size: `old` gave way to a `new` as long, at each of its
+        # matches, so the bytes are the same iff `new` is `old`. (No second pass over 16 MiB.)
+        return t.last_new == t.last_old
+    return digest == _sha256_hex(t.original)
 
 
 def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarget]) -> str:
