@@ -50,6 +50,19 @@ def test_has_live_views_tells_a_viewed_map_from_a_free_one() -> None:
     assert m[:3] == b"abc" and len(m) == 4096
 
 
+class UnresizableMap(mmap.mmap):
+    """A map as on a platform without mremap, where CPython cannot resize one."""
+
+    def resize(self, newsize: int) -> None:
+        raise SystemError("mmap: resizing not available--no mremap()")
+
+
+def test_a_map_that_cannot_tell_counts_as_viewed() -> None:
+    """Where resizing says nothing, the pool must not lend the buffer again: it might be."""
+    m = UnresizableMap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    assert has_live_views(m)
+
+
 def test_a_small_file_is_read_as_bytes_of_its_own(tmp_path: Path) -> None:
     path = tmp_path / "small.txt"
     path.write_bytes(b"x" * 100)

@@ -51,6 +51,10 @@ def has_live_views(buffer: mmap.mmap) -> bool:
         buffer.resize(len(buffer))
     except BufferError:
         return True
+    except (OSError, SystemError):
+        # A platform that cannot resize a map (no mremap) cannot tell either: count it as
+        # viewed, so that it is never lent again (the pool makes new buffers instead).
+        return True
     return False
 
 
