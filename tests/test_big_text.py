@@ -65,3 +65,32 @@ def test_an_invalid_byte_is_reported_where_the_codec_reports_it(
 def test_an_empty_old_is_refused() -> None:
     with pytest.raises(ValueError, match="old must not be empty"):
         big_text.find_all(b"abc", b"")
+
+
+@given(
+    text=_texts,
+    old=_olds,
+    new=_texts,
+    junk=st.text(alphabet=_alphabet, max_size=20).map(str.encode),
+    window=_windows,
+)
+def test_bytes_past_end_are_never_looked_at(
+    text: str, old: str, new: str, junk: bytes, window: int
+) -> None:
+    """A file read into a bigger buffer is the buffer's start: with `end`, every step gives
+    what it gives on the file's bytes alone, whatever follows them (there `old` may occur, or
+    a character be cut)."""
+    data, old_b = text.encode(), old.encode()
+    buffer = data + junk + old_b
+    end = len(data)
+    starts = big_text.find_all(buffer, old_b, end=end, window=window)
+    assert starts == big_text.find_all(data, old_b, window=window)
+    assert big_text.contains(buffer, old_b, end=end) == (old_b in data)
+    pieces = big_text.replaced(buffer, starts, len(old_b), new.encode(), end=end)
+    assert big_text.joined(pieces) == text.replace(old, new).encode()
+    big_text.check_utf8(buffer + b"\xff", end=end, window=window)
+
+
+def test_an_end_outside_the_buffer_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"end: must be within 0..3, not 4"):
+        big_text.find_all(b"abc", b"a", end=4)

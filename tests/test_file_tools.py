@@ -771,8 +771,11 @@ def test_edit_all_or_nothing_property(
     with tempfile.TemporaryDirectory() as d:
         for name, text in original.items():
             Path(d, name).write_bytes(text.encode())
+        inodes = {name: Path(d, name).stat().st_ino for name in _NAMES}
         r = edit_files(d, EditFilesArgs(files=[FileEdits(path=p, edits=e) for p, e in entries]))
         on_disk = {name: Path(d, name).read_bytes().decode() for name in _NAMES}
+        # A file is rewritten (a rename: a new inode) exactly when its bytes changed.
+        rewritten = {name for name in _NAMES if Path(d, name).stat().st_ino != inodes[name]}
         leftovers = sorted(os.listdir(d))
     assert leftovers == _NAMES
     expected = edit_model(original, entries)
@@ -780,9 +783,11 @@ def test_edit_all_or_nothing_property(
         assert r.outcome is Outcome.FAILED and r.data is None
         assert r.text.endswith("no file was changed")
         assert on_disk == original
+        assert rewritten == set()
     else:
         assert r.outcome is Outcome.COMPLETED, r.text
         assert on_disk == expected[0]
+        assert rewritten == {name for name in _NAMES if expected[0][name] != original[name]}
         assert r.data == {
             "files": [
                 {"path": p, "replacements": n, "sha256": sha(expected[0][p].encode())}

@@ -14,13 +14,16 @@ held. Every chat's loop waits that long. So an edit here never makes a whole-fil
   written piece by piece (hashing and writing release the GIL).
 
 Each step looks at one window of `WINDOW` bytes per C call, so between two calls the
-interpreter can hand the GIL to the loop. Pure functions on values: no I/O, no threads.
+interpreter can hand the GIL to the loop. The file's bytes may be the start of a bigger buffer
+(a pooled read buffer, actors/tools/whole_files.py): each step takes `end`, where they stop,
+and never looks past it. Pure functions on values: no I/O, no threads.
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import mmap
 from collections.abc import Sequence
 
 # 256 KiB: a window's find or decode takes some 0.03 ms (a 16 MiB file: 1.2-2.3 ms in all for
@@ -30,53 +33,82 @@ WINDOW = 1 << 18
 
 Piece = bytes | memoryview
 Pieces = Sequence[Piece]
+# What the steps search: a file's bytes, or a buffer that begins with them (both `find` with
+# start and end bounds in place, and slice to `bytes`).
+Text = bytes | mmap.mmap
 
 
-def check_utf8(raw: bytes, *, window: int = WINDOW) -> None:
-    """Raise UnicodeDecodeError, with its offset in the whole of `raw`, unless `raw` is UTF-8.
-    Nothing decoded is kept: only a window's text exists at a time."""
+def _end(data: Text, end: int | None) -> int:
+    if end is None:
+        return len(data)
+    if not 0 <= end <= len(data):
+        raise ValueError(f"end: must be within 0..{len(data)}, not {end}")
+    return end
+
+
+def check_utf8(raw: Text, *, end: int | None = None, window: int = WINDOW) -> None:
+    """Raise UnicodeDecodeError, with its offset in the whole of `raw[:end]`, unless
+    `raw[:end]` is UTF-8. Nothing decoded is kept: only a window's text exists at a time."""
+    stop = _end(raw, end)
     decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(raw)
-    try:
-        for start in range(0, len(raw), window):
-            # ASCII is UTF-8, and `isascii` makes no text where a decode makes the window's
-            # `str`: most of a source file is checked at memory speed. (A window's copy, as
-            # memoryview has no `isascii`: a few microseconds.) Only where the window before
-            # left no multi-byte sequence open.
-            if not decoder.getstate()[0] and raw[start : start + window].isascii():
-                continue
-            decoder.decode(view[start : start + window])
-        decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        # The window's offsets are not the file's (a sequence may begin in the window before):
-        # decode it all once, on this rare path, for the exact offset, and raise that error.
-        raw.decode("utf-8")
-        raise  # not reached: the same bytes failed above
+    with memoryview(raw) as whole:
+        view = whole[:stop]
+        try:
+            for start in range(0, stop, window):
+                # ASCII is UTF-8, and `isascii` makes no text where a decode makes the window's
+                # `str`: most of a source file is checked at memory speed. (A window's copy,
+                # as memoryview has no `isascii`: a few microseconds.) Only where the window
+                # before left no multi-byte sequence open.
+                window_end = min(stop, start + window)
+                if not decoder.getstate()[0] and raw[start:window_end].isascii():
+                    continue
+                decoder.decode(view[start:window_end])
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            # The window's offsets are not the file's (a sequence may begin in the window
+            # before): decode it all once, on this rare path, for the exact offset, and raise
+            # that error.
+            str(view, "utf-8")
+            raise  # not reached: the same bytes failed above
+        finally:
+            view.release()
 
 
-def find_all(data: bytes, old: bytes, limit: int = -1, *, window: int = WINDOW) -> list[int]:
-    """Where the leftmost non-overlapping occurrences of a non-empty `old` start, at most
-    `limit` of them (a negative `limit`: all); each ``find`` looks at one window plus what an
-    occurrence starting in it can reach. ``len(find_all(d, o))`` is ``d.count(o)``."""
+def find_all(
+    data: Text, old: bytes, limit: int = -1, *, end: int | None = None, window: int = WINDOW
+) -> list[int]:
+    """Where the leftmost non-overlapping occurrences of a non-empty `old` in `data[:end]`
+    start, at most `limit` of them (a negative `limit`: all); each ``find`` looks at one window
+    plus what an occurrence starting in it can reach. ``len(find_all(d, o))`` is
+    ``d.count(o)``."""
     if not old:
         raise ValueError("old must not be empty")
+    stop = _end(data, end)
     starts: list[int] = []
     at = 0
-    while at < len(data) and (limit < 0 or len(starts) < limit):
-        window_end = min(len(data), at + window + len(old) - 1)
+    while at < stop and (limit < 0 or len(starts) < limit):
+        window_end = min(stop, at + window + len(old) - 1)
         found = data.find(old, at, window_end)
         if found < 0:
-            at = window_end - len(old) + 1 if window_end < len(data) else len(data)
+            at = window_end - len(old) + 1 if window_end < stop else stop
             continue
         starts.append(found)
         at = found + len(old)
     return starts
 
 
-def replaced(data: bytes, starts: Sequence[int], old_len: int, new: bytes) -> list[Piece]:
-    """`data` with the `old_len` bytes at each of `starts` (ascending, not overlapping)
+def contains(data: Text, part: bytes, *, end: int | None = None) -> bool:
+    """Whether `part` occurs in `data[:end]` (one ``find``: for the rare hint of a failed
+    edit)."""
+    return data.find(part, 0, _end(data, end)) >= 0
+
+
+def replaced(
+    data: Text, starts: Sequence[int], old_len: int, new: bytes, *, end: int | None = None
+) -> list[Piece]:
+    """`data[:end]` with the `old_len` bytes at each of `starts` (ascending, not overlapping)
     replaced by `new`, as views into `data` and `new`: nothing is copied."""
-    view = memoryview(data)
+    view = memoryview(data)[: _end(data, end)]
     pieces: list[Piece] = []
     at = 0
     for start in starts:
@@ -85,7 +117,7 @@ def replaced(data: bytes, starts: Sequence[int], old_len: int, new: bytes) -> li
         if new:
             pieces.append(new)
         at = start + old_len
-    if at < len(data):
+    if at < len(view):
         pieces.append(view[at:])
     return pieces
 

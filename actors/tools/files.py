@@ -46,7 +46,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -58,6 +58,7 @@ from toolwire.actors.hidden_paths import NOTHING_HIDDEN, TEXT_HIDDEN, HiddenPath
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 from toolwire.actors.tools import big_text, patterns
 from toolwire.actors.tools.mounts import PseudoFilesystems
+from toolwire.actors.tools.whole_files import read_whole
 
 # --- limits -------------------------------------------------------------------------------------
 
@@ -372,19 +373,20 @@ def _binary_failure(shown: str, tool: str, why: str) -> ToolFailure:
     return ToolFailure(f"{shown} is a binary file ({why}); {_TEXT_ONLY[tool]}")
 
 
-def _check_text(raw: bytes, shown: str, tool: str) -> None:
-    """Refuse binary content: ToolFailure if a NUL byte is in the first BINARY_SNIFF_BYTES or
-    the bytes are not valid UTF-8 (the failure names the byte offset of the first bad byte, as
-    `_decode_line` does).
+def _check_text(raw: big_text.Text, shown: str, tool: str, *, end: int | None = None) -> None:
+    """Refuse binary content: ToolFailure if a NUL byte is in the first BINARY_SNIFF_BYTES of
+    `raw[:end]` or those bytes are not valid UTF-8 (the failure names the byte offset of the
+    first bad byte, as `_decode_line` does).
 
     The whole buffer at once, not a line at a time: a file of 16 MiB has some 170,000 lines,
     and a Python loop over them holds the GIL for seconds in all, which the event loop, sharing
     it with this worker thread, waits for (issue 26); and in windows (`big_text.check_utf8`),
     without keeping a decoded copy, for the same reason."""
-    if b"\0" in raw[:BINARY_SNIFF_BYTES]:
+    stop = len(raw) if end is None else end
+    if b"\0" in raw[: min(stop, BINARY_SNIFF_BYTES)]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
     try:
-        big_text.check_utf8(raw)
+        big_text.check_utf8(raw, end=end)
     except UnicodeDecodeError as e:
         raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {e.start}") from None
 
@@ -521,7 +523,7 @@ class PathLocks:
 PATH_LOCKS = PathLocks()
 
 
-def _sha256_hex(data: bytes) -> str:
+def _sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -921,11 +923,38 @@ def _check_replaceable(old: os.stat_result | None, shown: str) -> None:
 class _EditTarget:
     target: str  # resolved path (symlinks followed): two entries naming it share one target
     shown: str  # the path as first given
-    original: bytes
+    # The file's bytes as read: `read[:length]`, a pooled read buffer's start for a big file
+    # (actors/tools/whole_files.py), which stays lent until the call's last write is done.
+    read: big_text.Text
+    length: int
     stat: os.stat_result
-    # The content with the edits applied so far, as views into `original` and the edits'
-    # texts (big_text): no whole-file value is made unless a file gets a second edit.
-    content: list[big_text.Piece] = field(default_factory=list)
+    # The content with the edits applied so far, as views into the read bytes and the edits'
+    # texts (big_text), None before the first edit: no whole-file value is made unless a file
+    # gets a second edit.
+    edited: list[big_text.Piece] | None = None
+    # How many edits were applied, and the last one's `old` and `new`: with one edit, whether
+    # the content is still the file's bytes needs no hash of them (`_unchanged`).
+    applied: int = 0
+    last_old: bytes = b""
+    last_new: bytes = b""
+
+    @property
+    def original(self) -> big_text.Piece:
+        """The file's bytes as read, without a copy."""
+        if isinstance(self.read, bytes) and len(self.read) == self.length:
+            return self.read
+        return memoryview(self.read)[: self.length]
+
+    @property
+    def content(self) -> big_text.Pieces:
+        return [self.original] if self.edited is None else self.edited
+
+    def searched(self) -> tuple[big_text.Text, int]:
+        """What the next edit searches: `text[:end]`, the content as it stands."""
+        if self.edited is None:
+            return self.read, self.length
+        data = big_text.joined(self.edited)
+        return data, len(data)
 
 
 def edit_files(
@@ -964,7 +993,11 @@ def edit_files(
 _UNCHANGED = "; no file was changed"
 
 
-def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTarget:
+def _load_edit_target(
+    target: str, shown: str, expected: str | None, reads: ExitStack
+) -> _EditTarget:
+    """Read the file at `target` whole for editing; a read buffer it borrows is given back
+    when `reads` closes."""
     try:
         st = _stat_regular(target, shown, "read", "edit_files")
         if not os.access(target, os.W_OK):
@@ -973,17 +1006,18 @@ def _load_edit_target(target: str, shown: str, expected: str | None) -> _EditTar
                 raise ToolFailure(f"{shown} does not exist")  # removed since the stat
             _check_regular(again, shown, "edit_files")
             st = again
-        with open(target, "rb") as f:
-            original = f.read()
-        _check_text(original, shown, "edit_files")
+        with open(target, "rb", buffering=0) as f:
+            whole = reads.enter_context(read_whole(f, os.fstat(f.fileno()).st_size))
+        _check_text(whole.data, shown, "edit_files", end=whole.length)
     except ToolFailure as e:
         raise ToolFailure(e.text + _UNCHANGED) from None
     except OSError as e:
         raise ToolFailure(os_failure(e, shown, "read").text + _UNCHANGED) from None
-    if expected is not None and (actual := _sha256_hex(original)) != expected.lower():
+    loaded = _EditTarget(target, shown, whole.data, whole.length, st)
+    if expected is not None and (actual := _sha256_hex(loaded.original)) != expected.lower():
         # Changed by something other than toolwire since the precondition check: still refuse.
         raise _changed_failure(shown, expected, actual)
-    return _EditTarget(target, shown, original, st, [original])
+    return loaded
 
 
 def _edit_files(workspace: str, args: EditFilesArgs, hidden: HiddenPaths) -> ToolReport:
@@ -1003,22 +1037,33 @@ def _edit_files(workspace: str, args: EditFilesArgs, hidden: HiddenPaths) -> Too
 
 
 def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
+    # The read buffers are lent until the last write is done (a failed write restores the
+    # files written from them). `_edit_read` has returned when they go back, and with it every
+    # view of them: a buffer is lent again only once no view of it is left.
+    with ExitStack() as reads:
+        return _edit_read(args, paths, reads)
+
+
+def _edit_read(args: EditFilesArgs, paths: list[str], reads: ExitStack) -> ToolReport:
     targets: dict[str, _EditTarget] = {}  # by resolved path, in order of first appearance
     counts: list[int] = []
     for entry, target in zip(args.files, paths, strict=True):
         current = targets.get(target)
         if current is None:
-            current = targets[target] = _load_edit_target(target, entry.path, entry.expected_sha256)
+            current = targets[target] = _load_edit_target(
+                target, entry.path, entry.expected_sha256, reads
+            )
         count = 0
         for number, edit in enumerate(entry.edits, start=1):
-            data = big_text.joined(current.content)
+            data, end = current.searched()
             old = edit.old.encode("utf-8")  # the same matches as in the text: see big_text
-            starts = big_text.find_all(data, old)
+            starts = big_text.find_all(data, old, end=end)
             found = len(starts)
             where = f"edit {number} of {entry.path}"
             if found == 0:
                 hint = ""
-                if b"\r\n" in data and "\n" in edit.old and "\r\n" not in edit.old:
+                crlf = "\n" in edit.old and "\r\n" not in edit.old
+                if crlf and big_text.contains(data, b"\r\n", end=end):
                     hint = " (the file has CRLF line endings)"
                 raise ToolFailure(f"{where}: `old` text not found{hint}{_UNCHANGED}")
             if found > 1 and not edit.replace_all:
@@ -1026,7 +1071,10 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
                     f"{where}: `old` text occurs {found} times; add more context or set"
                     f" replace_all{_UNCHANGED}"
                 )
-            current.content = big_text.replaced(data, starts, len(old), edit.new.encode("utf-8"))
+            new = edit.new.encode("utf-8")
+            current.edited = big_text.replaced(data, starts, len(old), new, end=end)
+            current.applied += 1
+            current.last_old, current.last_new = old, new
             count += found
         counts.append(count)
 
@@ -1034,9 +1082,7 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
     digests: dict[str, str] = {}  # by resolved path: the SHA-256 the file is left with
     for t in targets.values():
         digests[t.target] = big_text.sha256_hex(t.content)
-        if big_text.size(t.content) == len(t.original) and digests[t.target] == _sha256_hex(
-            t.original
-        ):
+        if _unchanged(t, digests[t.target]):
             continue  # the edits left it as it was (as "a" -> "b" then "b" -> "a")
         try:
             _atomic_write(t.target, t.content, t.stat)
@@ -1051,6 +1097,18 @@ def _edit_locked(args: EditFilesArgs, paths: list[str]) -> ToolReport:
         for entry, n, target in zip(args.files, counts, paths, strict=True)
     ]
     return _completed(text, {"files": files})
+
+
+def _unchanged(t: _EditTarget, digest: str) -> bool:
+    """Whether the edits left the content of `t`, whose SHA-256 is now `digest`, the bytes
+    the file was read as."""
+    if big_text.size(t.content) != t.length:
+        return False
+    if t.applied == 1:
+        # One edit and the same size: `old` gave way to a `new` as long, at each of its
+        # matches, so the bytes are the same iff `new` is `old`. (No second pass over 16 MiB.)
+        return t.last_new == t.last_old
+    return digest == _sha256_hex(t.original)
 
 
 def _write_failure_text(e: OSError, failed: _EditTarget, written: list[_EditTarget]) -> str:
