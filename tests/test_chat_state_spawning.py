@@ -17,16 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_chat_state import _stop
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.effects import (
     AttachRequest,
     CallRequest,
-    CancelRequest,
-    CloseChatRequest,
-    InterruptRequest,
     ProcessSnapshot,
     Publish,
-    Shutdown,
     Spawned,
     StartTimer,
     StopGroup,
@@ -56,21 +53,6 @@ def _spawning(*, background: bool = False, timeout_ms: int | None = None) -> Wor
     return world
 
 
-def _stop(world: World, kind: str) -> None:
-    owed = world.owed["a0"]
-    if kind == "cancel":
-        owed.cancels += 1
-        assert world.request(CancelRequest("a0", ("k1",), None))
-    elif kind == "interrupt":
-        owed.interrupts += 1
-        assert world.request(InterruptRequest("a0", None, None))
-    elif kind == "close_chat":
-        owed.closes += 1
-        assert world.request(CloseChatRequest("a0", None))
-    else:
-        world.feed(Shutdown())
-
-
 def _replied(world: World, kind: str) -> bool:
     owed = world.owed["a0"]
     if kind == "cancel":
@@ -82,17 +64,23 @@ def _replied(world: World, kind: str) -> bool:
     return not world.state.groups and world.state.replies_waiting == 0
 
 
+def _recorded(world: World, method: str) -> list[Any]:
+    """What the World's shell `method` is given from here on (its last argument: the event
+    sent, the effect carried out), in order; the method still runs."""
+    got: list[Any] = []
+    original = getattr(world, method)
+
+    def record(*args: Any) -> None:
+        got.append(args[-1])
+        original(*args)
+
+    setattr(world, method, record)
+    return got
+
+
 def _sent(world: World) -> list[Any]:
     """Every event the World's shell sends from here on, in order."""
-    sent: list[Any] = []
-    original = world.sent
-
-    def record(conn: Any, event: Any) -> None:
-        sent.append(event)
-        original(conn, event)
-
-    world.sent = record  # type: ignore[method-assign]
-    return sent
+    return _recorded(world, "sent")
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -162,14 +150,7 @@ def test_an_attach_while_the_command_is_spawned_gets_its_started_when_it_comes()
     `started` (with the pid) goes to it once the keeper answered, and its result after."""
     world = _spawning()
     assert world.request(AttachRequest("b0", "k1", 0, None))
-    got: list[Publish] = []
-    original = world.publish
-
-    def publish(effect: Publish) -> None:
-        got.append(effect)
-        original(effect)
-
-    world.publish = publish  # type: ignore[method-assign]
+    got: list[Publish] = _recorded(world, "publish")
     world.spawn_answered("k1")
     started = [p for p in got if isinstance(p.event, StartedEvent)]
     assert len(started) == 1 and started[0].to is not None and "b0" in started[0].to
@@ -186,14 +167,7 @@ def test_a_timeout_that_passes_while_the_command_is_spawned_counts_from_the_firs
     world.now += 5.0
     world.request(Sweep())
     assert ("k1", "deadline") not in world.timers
-    timers: list[StartTimer] = []
-    original = world.start_timer
-
-    def start_timer(effect: StartTimer) -> None:
-        timers.append(effect)
-        original(effect)
-
-    world.start_timer = start_timer  # type: ignore[method-assign]
+    timers: list[StartTimer] = _recorded(world, "start_timer")
     world.spawn_answered("k1")
     assert [t.at for t in timers if t.key == ("k1", "deadline")] == [deadline]
     world.fire(("k1", "deadline"))

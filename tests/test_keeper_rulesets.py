@@ -67,12 +67,8 @@ def _enforcement(tmp_path: Path) -> Enforcement:
     return Enforcement(PROBED.landlock, temp_dir=str(temp))
 
 
-def _write_both(ws: Path, outside: Path, n: int) -> str:
-    return f"echo in > {ws}/in{n}; echo out > {outside}/out{n}; true"
-
-
-@needs_landlock
-async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
+def _workspace_confined(tmp_path: Path) -> tuple[Path, Path, Confinement]:
+    """A workspace, a directory outside it, and the confinement of `workspace_write` there."""
     ws, outside = tmp_path / "ws", tmp_path / "outside"
     ws.mkdir()
     outside.mkdir()
@@ -80,6 +76,16 @@ async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
         SandboxPolicy(filesystem="workspace_write"), str(ws)
     )
     assert confinement is not None
+    return ws, outside, confinement
+
+
+def _write_both(ws: Path, outside: Path, n: int) -> str:
+    return f"echo in > {ws}/in{n}; echo out > {outside}/out{n}; true"
+
+
+@needs_landlock
+async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
+    ws, outside, confinement = _workspace_confined(tmp_path)
     async with _keeper(tmp_path / "state") as backend:
         assert backend.client.protocol == 2
         for n in range(3):
@@ -92,13 +98,7 @@ async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
 
 @needs_landlock
 async def test_an_older_keeper_gets_the_whole_ruleset_and_still_confines(tmp_path: Path) -> None:
-    ws, outside = tmp_path / "ws", tmp_path / "outside"
-    ws.mkdir()
-    outside.mkdir()
-    confinement = _enforcement(tmp_path).confinement(
-        SandboxPolicy(filesystem="workspace_write"), str(ws)
-    )
-    assert confinement is not None
+    ws, outside, confinement = _workspace_confined(tmp_path)
     async with _keeper(tmp_path / "state") as backend:
         backend.client.protocol = 1  # as a keeper of the build before protocol 2 answers
         assert await _run(backend, "old", _write_both(ws, outside, 0), ws, confinement) == 0
