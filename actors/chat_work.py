@@ -358,7 +358,17 @@ class ChatWork:
         assert proc.handle.pid is not None
         self._feed(Spawned(proc.process_id, proc.handle.pid, runners.snapshot(proc)))
 
-    def kept_spawn_ended(self, waiter: _KeptSpawn) -> None:
+    def kept_spawned(self, waiter: _KeptSpawn, proc: processes.ProcessRecord) -> None:
+        """The keeper answered `waiter`'s spawn: `proc` runs, held by it."""
+        self._forget_spawn(waiter)
+        self._spawned(proc)
+
+    def kept_spawn_ended(self, waiter: _KeptSpawn, report: Input) -> None:
+        """`waiter`'s spawn is over without a process to hold: `report` says how."""
+        self._forget_spawn(waiter)
+        self._feed(report)
+
+    def _forget_spawn(self, waiter: _KeptSpawn) -> None:
         if self._spawning.get(waiter.call_id) is waiter:
             del self._spawning[waiter.call_id]
 
@@ -597,26 +607,24 @@ class _KeptSpawn:
 
     def spawned(self, handle: kept.KeptProcess) -> None:
         work = self._work
-        work.kept_spawn_ended(self)
         proc = work.processes.add(self.call_id, self._command, handle, self._started_at_ms)
-        work._spawned(proc)
+        work.kept_spawned(self, proc)
 
     def spawn_failed(self, error: OSError) -> None:
-        self._work.kept_spawn_ended(self)
         if isinstance(error, kept.StartedAndStopped):
             log.error(
                 "the keeper started the command but could not hold it; it was killed",
                 extra={"chat_id": self._work.chat_id, "call_id": self.call_id},
             )
-            self._work._feed(ToolFailed(self.call_id))  # it ran, if only for an instant
+            # It ran, if only for an instant: `unknown`.
+            self._work.kept_spawn_ended(self, ToolFailed(self.call_id))
             return
-        self._work._feed(SpawnFailed(self.call_id, error.strerror or str(error)))
+        self._work.kept_spawn_ended(self, SpawnFailed(self.call_id, error.strerror or str(error)))
 
     def spawn_unanswered(self, error: OSError) -> None:
-        self._work.kept_spawn_ended(self)
         log.error(
             "the keeper did not answer the spawn (%s): the call ends unknown",
             error.strerror or error,
             extra={"chat_id": self._work.chat_id, "call_id": self.call_id},
         )
-        self._work._feed(ToolFailed(self.call_id))
+        self._work.kept_spawn_ended(self, ToolFailed(self.call_id))

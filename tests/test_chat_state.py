@@ -26,6 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.chat_state_support import stop_command
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.effects import (
     ApproveRequest,
@@ -395,7 +396,7 @@ def test_a_stop_does_not_wait_for_the_hard_deadline_of_a_command_that_ended(stop
     world.commit(len(world.pending_writes))  # its result is durable and sent
     assert world.owed["a0"].results["k1"] == 1
     assert ("k1", "kill_after") in world.timers, "the hard deadline is still ahead"
-    _stop(world, stop)
+    stop_command(world, stop)
     world.commit(len(world.pending_writes))  # the close row is durable (a shutdown has none)
     # Nothing else happens: no process moves, no timer fires.
     if stop == "close_chat":
@@ -472,23 +473,6 @@ def test_a_forgotten_call_id_is_not_answered_with_what_the_lane_held_for_its_old
     machine.teardown()
 
 
-def _stop(world: World, kind: str) -> None:
-    """A cancel, an interrupt, a close or the agent's shutdown: each stops a running command
-    as a cancel does (PROTOCOL.md 5.3, 5.7, 9.6, 9.3)."""
-    owed = world.owed["a0"]
-    if kind == "cancel":
-        owed.cancels += 1
-        assert world.request(CancelRequest("a0", ("k1",), None))
-    elif kind == "interrupt":
-        owed.interrupts += 1
-        assert world.request(InterruptRequest("a0", None, None))
-    elif kind == "close_chat":
-        owed.closes += 1
-        assert world.request(CloseChatRequest("a0", None))
-    else:
-        world.feed(Shutdown())
-
-
 @pytest.mark.parametrize("kind", ["cancel", "interrupt", "close_chat", "shutdown"])
 @pytest.mark.parametrize("deadline_first", [False, True])
 def test_when_a_stop_and_the_hard_deadline_meet_the_first_decides_the_result(
@@ -506,9 +490,9 @@ def test_when_a_stop_and_the_hard_deadline_meet_the_first_decides_the_result(
     if deadline_first:
         world.fire(("k1", "kill_after"))
         assert world.procs["k1"].stopping == "term"
-        _stop(world, kind)
+        stop_command(world, kind)
     else:
-        _stop(world, kind)
+        stop_command(world, kind)
         assert world.procs["k1"].stopping == "term"
         world.fire(("k1", "kill_after"))
     world.quiesce()

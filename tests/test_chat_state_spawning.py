@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_chat_state import _stop
+from tests.chat_state_support import stop_command
 from toolwire.actors.calls import CallSpec
 from toolwire.actors.effects import (
     AttachRequest,
@@ -93,7 +93,7 @@ def test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers(
     once, and the call ends `canceled` (with 9.3's text for the shutdown), its reply after."""
     world = _spawning(background=background)
     sent = _sent(world)
-    _stop(world, kind)
+    stop_command(world, kind)
     world.commit(len(world.pending_writes))
     assert not _replied(world, kind), "answered while the command may be starting"
     world.spawn_answered("k1")  # World.check_spawned: the StopGroup came with it
@@ -116,7 +116,7 @@ def test_a_cancel_while_the_spawn_fails_gets_the_failure_and_stops_nothing() -> 
     """The keeper could not spawn it: nothing ran, and the cancel's reply carries the call's
     one true result, `failed`, saying why."""
     world = _spawning()
-    _stop(world, "cancel")
+    stop_command(world, "cancel")
     world.spawn_answered("k1", "failed")
     world.quiesce()
     world.check_all_answered()
@@ -218,7 +218,7 @@ def test_whatever_comes_while_the_command_is_spawned_is_answered_truthfully(
         elif what == "sweep":
             world.request(Sweep())
         elif what != "shutdown" or not world.state.shutting_down:
-            _stop(world, what)
+            stop_command(world, what)
             stopped = True
     world.spawn_answered("k1", answer)
     world.quiesce()

@@ -14,14 +14,13 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from tests.test_serve import ServeProcess, serve
+from tests.keeper_support import agent, call_message, gone, keeper_pids
+from tests.test_serve import ServeProcess
 from tests.wsclient import RawConn, connect
 from toolwire.actors.keeper_store import SPARE_FILES
 from toolwire.actors.kept import adopt_window
@@ -53,14 +52,6 @@ async def _told(path: Path) -> None:
         await trio.to_thread.run_sync(read)
 
 
-@asynccontextmanager
-async def _agent(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[ServeProcess, RawConn]]:
-    async with serve(tmp_path, *extra) as server:
-        token = (tmp_path / "state" / "token").read_text().strip()
-        async with connect(server.url, token) as conn:
-            yield server, conn
-
-
 async def _kill9(server: ServeProcess) -> None:
     server.process.kill()
     await server.process.wait()
@@ -79,33 +70,6 @@ def _output_of(messages: list[dict[str, Any]]) -> tuple[int, str]:
             assert m["offset"] == first + len(text.encode()), messages
         text += m["data"]
     return (first or 0), text
-
-
-def _keeper_pids(state: Path) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"toolwire.actors.keeper" in cmdline and str(state / "keeper").encode() in cmdline:
-            pids.append(int(name))
-    return pids
-
-
-async def _gone(pid: int) -> None:
-    """Wait until `pid` exited (its pidfd turns readable: an event, not a poll)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        with trio.fail_after(30):
-            await trio.lowlevel.wait_readable(fd)
-    finally:
-        os.close(fd)
 
 
 def _fifos(ws: Path, *names: str) -> None:
@@ -127,7 +91,7 @@ async def test_a_foreground_command_survives_kill_9_of_the_agent_and_ends_with_i
     )
     call = {"type": "call", "chat_id": "c", "call_id": "k", "tool": "execute",
             "args": {"command": command}}  # fmt: skip
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         assert "keeps_commands" in conn.welcome["features"]
         await conn.send(call)
         await _told(ws / "f1")
@@ -136,7 +100,7 @@ async def test_a_foreground_command_survives_kill_9_of_the_agent_and_ends_with_i
         await _kill9(server)
     (ws / "go1").touch()
     await _told(ws / "f2")  # "during" was printed while no agent ran
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "output" and "during" in m["data"])
         assert got[0]["type"] == "accepted" and got[0]["state"] == "running"
@@ -173,7 +137,7 @@ async def test_more_commands_than_the_adopt_window_are_each_re_adopted_with_thei
     ws.mkdir()
     count = 3 * adopt_window() + 1
     _fifos(ws, *(f"f{i}" for i in range(count)))
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         for i in range(count):
             command = (
                 f"echo run{i} >> runs; echo before{i}; {_tell(f'f{i}')}; {_wait_for('go')}; "
@@ -184,7 +148,7 @@ async def test_more_commands_than_the_adopt_window_are_each_re_adopted_with_thei
         for i in range(count):
             await _told(ws / f"f{i}")
         await _kill9(server)
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         for i in range(count):
             await conn.send({"type": "attach", "chat_id": "c", "call_id": f"k{i}",
                              "from_offset": 0})  # fmt: skip
@@ -212,8 +176,8 @@ async def test_the_keeper_keeps_no_descriptor_for_a_finished_command(tmp_path: P
     descriptors (and a keeper that fails a spawn there takes every command with it). Also
     re-adopted after a restart, each such command gives its saved result."""
     count = 40
-    async with _agent(tmp_path) as (server, conn):
-        [keeper] = _keeper_pids(tmp_path / "state")
+    async with agent(tmp_path) as (server, conn):
+        [keeper] = keeper_pids(tmp_path / "state")
         before = None
         for i in range(count):
             # Every other one with a stdin pipe, whose write end the keeper holds while it runs.
@@ -227,7 +191,7 @@ async def test_the_keeper_keeps_no_descriptor_for_a_finished_command(tmp_path: P
         # spawns come and go, up to SPARE_FILES open at once.
         assert before is not None and after <= before + SPARE_FILES, (before, after)
         await _kill9(server)
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "call", "chat_id": "c", "call_id": "k7", "tool": "execute",
                          "args": {"command": "echo 7", "stdin": True}})  # fmt: skip
         got = await conn.recv_until(lambda m: m["type"] == "result")
@@ -250,14 +214,14 @@ async def test_a_command_that_ends_while_no_agent_runs_gets_its_real_result(
         f"echo run >> runs; echo $$ > pid; echo one; {_tell('f1')}; {_wait_for('go')}; "
         "echo two; exit 5"
     )
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "call", "chat_id": "c", "call_id": "k", "tool": "execute",
                          "args": {"command": command}})  # fmt: skip
         await _told(ws / "f1")
         await _kill9(server)
     (ws / "go").touch()
-    await _gone(int((ws / "pid").read_text()))  # it ended while no agent ran
-    async with _agent(tmp_path) as (server, conn):
+    await gone(int((ws / "pid").read_text()))  # it ended while no agent ran
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result")
     result = got[-1]
@@ -277,20 +241,20 @@ async def test_a_keeper_killed_with_its_process_ends_the_call_unknown_with_its_o
     ws.mkdir()
     _fifos(ws, "f1")
     command = f"echo $$ > pid; echo printed; {_tell('f1')}; {_wait_for('never')}"
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "call", "chat_id": "c", "call_id": "k", "tool": "execute",
                          "args": {"command": command}})  # fmt: skip
         await _told(ws / "f1")
         await conn.recv_until(lambda m: m["type"] == "output" and "printed" in m["data"])
-        keepers = _keeper_pids(tmp_path / "state")
+        keepers = keeper_pids(tmp_path / "state")
         assert len(keepers) == 1
         shell = int((ws / "pid").read_text())
         await _kill9(server)
     os.kill(keepers[0], signal.SIGKILL)
     os.killpg(shell, signal.SIGKILL)
-    await _gone(keepers[0])
-    await _gone(shell)
-    async with _agent(tmp_path) as (server, conn):
+    await gone(keepers[0])
+    await gone(shell)
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result")
     result = got[-1]
@@ -309,19 +273,19 @@ async def test_a_journal_that_says_running_for_a_process_whose_keeper_is_gone(
     ws.mkdir()
     _fifos(ws, "f1")
     command = f"echo run >> runs; echo $$ > pid; echo printed; {_tell('f1')}; {_wait_for('never')}"
-    async with _agent(tmp_path) as (server, conn):
-        await conn.send(_call("k", "execute", {"command": command}))
+    async with agent(tmp_path) as (server, conn):
+        await conn.send(call_message("k", "execute", {"command": command}))
         await _told(ws / "f1")
         await conn.recv_until(lambda m: m["type"] == "output" and "printed" in m["data"])
-        (keeper,) = _keeper_pids(tmp_path / "state")
+        (keeper,) = keeper_pids(tmp_path / "state")
         await _kill9(server)
     os.kill(keeper, signal.SIGKILL)
-    await _gone(keeper)
+    await gone(keeper)
     shell = int((ws / "pid").read_text())
     os.kill(shell, 0)  # it still runs
-    async with _agent(tmp_path) as (server, conn):
-        await _gone(shell)  # stopped at the restart
-        result = await _result(conn, _call("k", "execute", {"command": command}))
+    async with agent(tmp_path) as (server, conn):
+        await gone(shell)  # stopped at the restart
+        result = await _result(conn, call_message("k", "execute", {"command": command}))
     assert result["outcome"] == "unknown" and result["text"] == RESTARTED
     assert result["output"] == "printed\n"
     assert (ws / "runs").read_text() == "run\n"
@@ -337,27 +301,22 @@ async def test_a_keeper_killed_under_a_live_agent_ends_its_call_unknown_a_new_on
     ws.mkdir()
     _fifos(ws, "f1")
     command = f"echo $$ > pid; echo printed; {_tell('f1')}; {_wait_for('never')}"
-    async with _agent(tmp_path) as (_server, conn):
-        await conn.send(_call("k", "execute", {"command": command}))
+    async with agent(tmp_path) as (_server, conn):
+        await conn.send(call_message("k", "execute", {"command": command}))
         await _told(ws / "f1")
         await conn.recv_until(lambda m: m["type"] == "output" and "printed" in m["data"])
         shell = int((ws / "pid").read_text())
-        (keeper,) = _keeper_pids(tmp_path / "state")
+        (keeper,) = keeper_pids(tmp_path / "state")
         os.kill(keeper, signal.SIGKILL)
         got = await conn.recv_until(lambda m: m["type"] == "result")
         result = got[-1]
         assert result["outcome"] == "unknown"
         assert result["text"] == KEEPER_GONE
         assert result["output"] == "printed\n"
-        await _gone(shell)  # its group was stopped: nothing runs unseen
-        after = await _result(conn, _call("n", "execute", {"command": "echo next"}))
+        await gone(shell)  # its group was stopped: nothing runs unseen
+        after = await _result(conn, call_message("n", "execute", {"command": "echo next"}))
         assert after["outcome"] == "completed" and after["output"] == "next\n"
-        assert _keeper_pids(tmp_path / "state") not in ([], [keeper])
-
-
-def _call(call_id: str, tool: str, args: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"type": "call", "chat_id": "c", "call_id": call_id, "tool": tool, "args": args,
-            **extra}  # fmt: skip
+        assert keeper_pids(tmp_path / "state") not in ([], [keeper])
 
 
 async def _result(conn: RawConn, message: dict[str, Any]) -> dict[str, Any]:
@@ -372,13 +331,13 @@ async def test_a_terminal_is_typed_into_once_after_re_adoption(tmp_path: Path) -
     ws = tmp_path / "ws"
     ws.mkdir()
     command = "echo run >> runs; read line; echo got:$line; exit 4"
-    call = _call("t", "execute", {"command": command, "pty": {"rows": 24, "cols": 80}})
-    async with _agent(tmp_path) as (server, conn):
+    call = call_message("t", "execute", {"command": command, "pty": {"rows": 24, "cols": 80}})
+    async with agent(tmp_path) as (server, conn):
         await conn.send(call)
         await conn.recv_until(lambda m: m["type"] == "started")
         await _kill9(server)
-    async with _agent(tmp_path) as (server, conn):
-        typed = _call("in", "process_input", {"process_id": "t", "data": "hello\n"})
+    async with agent(tmp_path) as (server, conn):
+        typed = call_message("in", "process_input", {"process_id": "t", "data": "hello\n"})
         first = await _result(conn, typed)
         assert first["outcome"] == "completed", first
         again = await _result(conn, typed)  # a retry after a lost reply types nothing
@@ -394,13 +353,17 @@ async def test_a_terminal_is_typed_into_once_after_re_adoption(tmp_path: Path) -
 async def test_a_pipe_stdin_command_takes_input_and_eof_after_re_adoption(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    call = _call("p", "execute", {"command": "echo run >> runs; cat; echo done", "stdin": True})
-    async with _agent(tmp_path) as (server, conn):
+    call = call_message(
+        "p", "execute", {"command": "echo run >> runs; cat; echo done", "stdin": True}
+    )
+    async with agent(tmp_path) as (server, conn):
         await conn.send(call)
         await conn.recv_until(lambda m: m["type"] == "started")
         await _kill9(server)
-    async with _agent(tmp_path) as (server, conn):
-        typed = _call("in", "process_input", {"process_id": "p", "data": "abc\n", "eof": True})
+    async with agent(tmp_path) as (server, conn):
+        typed = call_message(
+            "in", "process_input", {"process_id": "p", "data": "abc\n", "eof": True}
+        )
         assert (await _result(conn, typed))["outcome"] == "completed"
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "p", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result" and m["call_id"] == "p")
@@ -415,24 +378,24 @@ async def test_background_and_timed_out_processes_are_re_adopted(tmp_path: Path)
     ws = tmp_path / "ws"
     ws.mkdir()
     _fifos(ws, "b1", "t1")
-    bg = _call("bg", "execute", {"command": f"echo bg1; {_tell('b1')}; {_wait_for('go')}; "
+    bg = call_message("bg", "execute", {"command": f"echo bg1; {_tell('b1')}; {_wait_for('go')}; "
                                  "echo bg2; exit 6"}, background=True)  # fmt: skip
-    slow = _call("slow", "execute", {"command": f"echo t1; {_tell('t1')}; {_wait_for('go')}; "
-                                     "echo t2"}, timeout_ms=50)  # fmt: skip
-    async with _agent(tmp_path) as (server, conn):
+    slow_command = f"echo t1; {_tell('t1')}; {_wait_for('go')}; echo t2"
+    slow = call_message("slow", "execute", {"command": slow_command}, timeout_ms=50)
+    async with agent(tmp_path) as (server, conn):
         assert (await _result(conn, bg))["outcome"] == "completed"
         await _told(ws / "b1")
         timed = await _result(conn, slow)
         assert timed["outcome"] == "timed_out"
         await _told(ws / "t1")
         await _kill9(server)
-    async with _agent(tmp_path) as (server, conn):
-        listing = await _result(conn, _call("l1", "process_list", {}))
+    async with agent(tmp_path) as (server, conn):
+        listing = await _result(conn, call_message("l1", "process_list", {}))
         running = {p["process_id"]: p for p in listing["data"]["processes"]}
         assert running["bg"]["running"] and running["slow"]["running"], listing
         (ws / "go").touch()
         for pid, text, code in (("bg", "bg1\nbg2\n", 6), ("slow", "t1\nt2\n", 0)):
-            out = _call(f"o-{pid}", "process_output",
+            out = call_message(f"o-{pid}", "process_output",
                         {"process_id": pid, "wait": True, "wait_ms": 20_000})  # fmt: skip
             read = await _result(conn, out)
             while read["data"]["running"]:
@@ -453,16 +416,16 @@ async def test_kill_after_that_passes_while_no_agent_runs_is_enforced_by_the_kee
     ws.mkdir()
     _fifos(ws, "f1")
     command = f"echo run >> runs; echo $$ > pid; echo up; {_tell('f1')}; {_wait_for('never')}"
-    call = _call("k", "execute", {"command": command, "kill_after_ms": 300})
-    async with _agent(tmp_path) as (server, conn):
+    call = call_message("k", "execute", {"command": command, "kill_after_ms": 300})
+    async with agent(tmp_path) as (server, conn):
         await conn.send(call)
         await _told(ws / "f1")
         await _kill9(server)
-    await _gone(int((ws / "pid").read_text()))  # stopped by its keeper: no agent runs
-    async with _agent(tmp_path) as (server, conn):
+    await gone(int((ws / "pid").read_text()))  # stopped by its keeper: no agent runs
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "result")
-        listed = await _result(conn, _call("l", "process_output", {"process_id": "k"}))
+        listed = await _result(conn, call_message("l", "process_output", {"process_id": "k"}))
     result = got[-1]
     assert result["outcome"] == "timed_out" and result["timed_out"] is True
     assert (
@@ -481,21 +444,21 @@ async def test_two_restarts_in_a_row_and_on_shutdown_keep(tmp_path: Path) -> Non
         f"echo run >> runs; echo a; {_tell('f1')}; {_wait_for('go1')}; echo b; {_tell('f2')}; "
         f"{_wait_for('go2')}; echo c; {_tell('f3')}; {_wait_for('go3')}; echo d; exit 9"
     )
-    async with _agent(tmp_path, "--on-shutdown", "keep") as (server, conn):
-        await conn.send(_call("k", "execute", {"command": command}))
+    async with agent(tmp_path, "--on-shutdown", "keep") as (server, conn):
+        await conn.send(call_message("k", "execute", {"command": command}))
         await _told(ws / "f1")
         server.process.send_signal(signal.SIGTERM)
         with trio.fail_after(5):  # 10.1: exits 0 within one second (room for load)
             assert await server.process.wait() == 0
     (ws / "go1").touch()
     await _told(ws / "f2")
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         await conn.recv_until(lambda m: m["type"] == "output" and "b" in m["data"])
         await _kill9(server)
     (ws / "go2").touch()
     await _told(ws / "f3")
-    async with _agent(tmp_path) as (server, conn):
+    async with agent(tmp_path) as (server, conn):
         await conn.send({"type": "attach", "chat_id": "c", "call_id": "k", "from_offset": 0})
         got = await conn.recv_until(lambda m: m["type"] == "output" and "c" in m["data"])
         (ws / "go3").touch()
@@ -533,7 +496,7 @@ async def test_a_command_that_asks_the_keeper_itself_is_refused(tmp_path: Path) 
     marker = tmp_path / "rogue-ran"
     (tmp_path / "ws").mkdir(exist_ok=True)
     (tmp_path / "ws" / "rogue.py").write_text(_ROGUE)
-    async with _agent(tmp_path) as (_server, conn):
+    async with agent(tmp_path) as (_server, conn):
         first = await conn.call("c", "warm", "execute", {"command": "true"})  # a keeper runs
         assert first["type"] == "result" and first["data"]["exit_code"] == 0
         results = []
@@ -573,10 +536,10 @@ async def test_a_process_the_keeper_cannot_hold_is_killed_its_call_unknown_the_k
     the pipe takes two of the three descriptors left, the child's /dev/null the third, the
     write end closed after the spawn gives one back for the pidfd."""
     procs = tmp_path / "state" / "keeper" / "p"
-    async with _agent(tmp_path) as (_server, conn):
+    async with agent(tmp_path) as (_server, conn):
         first = await conn.call("c", "warm", "execute", {"command": "true"})  # a keeper runs
         assert first["data"]["exit_code"] == 0
-        [keeper] = _keeper_pids(tmp_path / "state")
+        [keeper] = keeper_pids(tmp_path / "state")
         # Its spare files made, so that it opens no descriptor between the count and the
         # spawn. Another process's files: no event of ours says when, so their count is read.
         with trio.fail_after(30):
@@ -595,4 +558,4 @@ async def test_a_process_the_keeper_cannot_hold_is_killed_its_call_unknown_the_k
         assert not any("held-not" in line for line in _children_of(keeper))  # killed, reaped
         after = await conn.call("c", "after", "execute", {"command": "echo still"})
         assert after["output"] == "still\n"
-        assert _keeper_pids(tmp_path / "state") == [keeper]  # the same keeper, alive
+        assert keeper_pids(tmp_path / "state") == [keeper]  # the same keeper, alive

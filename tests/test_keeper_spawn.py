@@ -20,7 +20,7 @@ from typing import Any
 
 import trio
 
-from tests.test_keeper import _agent, _call, _gone, _keeper_pids
+from tests.keeper_support import agent, call_message, gone, keeper_pids
 from tests.wsclient import RawConn
 from toolwire.actors.processes import group_alive
 
@@ -28,7 +28,7 @@ from toolwire.actors.processes import group_alive
 @asynccontextmanager
 async def _keeper_stopped(state: Path) -> AsyncIterator[int]:
     """The state dir's keeper, stopped (SIGSTOP) until the block ends, then let go."""
-    (keeper,) = _keeper_pids(state)
+    (keeper,) = keeper_pids(state)
     os.kill(keeper, signal.SIGSTOP)
     try:
         yield keeper
@@ -43,7 +43,7 @@ def _of(message: dict[str, Any], call_id: str, kind: str) -> bool:
 
 async def _warm(conn: RawConn) -> None:
     """One command first, so the keeper runs and has answered once before it is stopped."""
-    await conn.send(_call("warm", "execute", {"command": "true"}))
+    await conn.send(call_message("warm", "execute", {"command": "true"}))
     got = await conn.recv_until(lambda m: _of(m, "warm", "result"))
     assert got[-1]["outcome"] == "completed"
 
@@ -52,7 +52,7 @@ async def _spawn_asked(conn: RawConn, barrier: str) -> None:
     """Until the command just called has been asked of the keeper: its spawn goes out when its
     start row is durable, and the journal commits in order, so once a write called after it
     has its result (its own start and result rows durable after that row), the spawn was sent."""
-    await conn.send(_call(barrier, "write_file", {"path": barrier, "content": "x"}))
+    await conn.send(call_message(barrier, "write_file", {"path": barrier, "content": "x"}))
     got = await conn.recv_until(lambda m: _of(m, barrier, "result"))
     assert got[-1]["outcome"] == "completed"
 
@@ -68,13 +68,13 @@ async def test_another_chats_call_is_answered_while_a_spawn_waits_for_the_keeper
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "note").write_text("hello")
-    async with _agent(tmp_path) as (_server, conn):
+    async with agent(tmp_path) as (_server, conn):
         await _warm(conn)
         async with _keeper_stopped(tmp_path / "state"):
-            await conn.send(_call("k", "execute", {"command": "echo ran"}, stream=True))
+            await conn.send(call_message("k", "execute", {"command": "echo ran"}, stream=True))
             await conn.recv_until(lambda m: _of(m, "k", "accepted"))
             await _spawn_asked(conn, "w")
-            other = {**_call("r", "read_file", {"path": "note"}), "chat_id": "d"}
+            other = {**call_message("r", "read_file", {"path": "note"}), "chat_id": "d"}
             await conn.send(other)
             got = await conn.recv_until(lambda m: _of(m, "r", "result"))
             assert got[-1]["outcome"] == "completed" and "hello" in str(got[-1]["data"])
@@ -95,15 +95,15 @@ async def test_a_cancel_while_the_spawn_waits_for_the_keeper_stops_the_command(
     ws = tmp_path / "ws"
     ws.mkdir()
     command = "sleep 30; touch finished"
-    async with _agent(tmp_path) as (_server, conn):
+    async with agent(tmp_path) as (_server, conn):
         await _warm(conn)
         async with _keeper_stopped(tmp_path / "state"):
-            await conn.send(_call("k", "execute", {"command": command}, stream=True))
+            await conn.send(call_message("k", "execute", {"command": command}, stream=True))
             await conn.recv_until(lambda m: _of(m, "k", "accepted"))
             await _spawn_asked(conn, "w")
             await conn.send({"type": "cancel", "chat_id": "c", "call_ids": ["k"]})
             # A round trip after the cancel: the cancel was taken by the time it comes back.
-            await conn.send(_call("r", "list_dir", {"path": "."}))
+            await conn.send(call_message("r", "list_dir", {"path": "."}))
             await conn.recv_until(lambda m: _of(m, "r", "result"))
             assert not [m for m in conn.seen if m["type"] == "cancel_result"], (
                 "the cancel was answered while the command may be starting"
@@ -114,7 +114,7 @@ async def test_a_cancel_while_the_spawn_waits_for_the_keeper_stops_the_command(
         (started,) = [m for m in conn.seen if _of(m, "k", "started")]
         pid = started["pid"]
         with trio.fail_after(30):
-            await _gone(pid)
+            await gone(pid)
         assert not group_alive(pid), "a member of the canceled command's group still runs"
         assert not (ws / "finished").exists()
 
@@ -127,17 +127,17 @@ async def test_a_keeper_lost_with_a_spawn_outstanding_ends_the_call_unknown(
     would say nothing ran), and the next command is held by a new keeper."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    async with _agent(tmp_path) as (_server, conn):
+    async with agent(tmp_path) as (_server, conn):
         await _warm(conn)
         async with _keeper_stopped(tmp_path / "state") as keeper:
-            await conn.send(_call("k", "execute", {"command": "echo ran"}))
+            await conn.send(call_message("k", "execute", {"command": "echo ran"}))
             await conn.recv_until(lambda m: _of(m, "k", "accepted"))
             await _spawn_asked(conn, "w")
             os.kill(keeper, signal.SIGKILL)
             got = await conn.recv_until(lambda m: _of(m, "k", "result"))
         assert got[-1]["outcome"] == "unknown"
         assert "outcome is unknown" in got[-1]["text"]
-        await conn.send(_call("n", "execute", {"command": "echo next"}))
+        await conn.send(call_message("n", "execute", {"command": "echo next"}))
         after = await conn.recv_until(lambda m: _of(m, "n", "result"))
         assert after[-1]["outcome"] == "completed" and after[-1]["output"] == "next\n"
-        assert _keeper_pids(tmp_path / "state") not in ([], [keeper])
+        assert keeper_pids(tmp_path / "state") not in ([], [keeper])

@@ -1,0 +1,56 @@
+"""What the keeper's live tests share (tests/test_keeper.py, tests/test_keeper_spawn.py):
+`toolwire serve` on a state dir with a client, a call's message, the keeper's processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.test_serve import ServeProcess, serve
+from tests.wsclient import RawConn, connect
+
+
+@asynccontextmanager
+async def agent(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[ServeProcess, RawConn]]:
+    async with serve(tmp_path, *extra) as server:
+        token = (tmp_path / "state" / "token").read_text().strip()
+        async with connect(server.url, token) as conn:
+            yield server, conn
+
+
+def call_message(call_id: str, tool: str, args: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "call", "chat_id": "c", "call_id": call_id, "tool": tool, "args": args,
+            **extra}  # fmt: skip
+
+
+def keeper_pids(state: Path) -> list[int]:
+    """The keepers of the state dir `state` (its `keeper` directory on their command line)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"toolwire.actors.keeper" in cmdline and str(state / "keeper").encode() in cmdline:
+            pids.append(int(name))
+    return pids
+
+
+async def gone(pid: int) -> None:
+    """Wait until `pid` exited (its pidfd turns readable: an event, not a poll)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        with trio.fail_after(30):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
