@@ -663,7 +663,9 @@ async def test_interrupt_resolves_every_parked_gate_truthfully(live: LiveServer)
 
 
 async def test_an_unanswered_gate_expires(make_server: MakeServer) -> None:
-    live = await make_server(approval_timeout_s=0.5)
+    # Long enough that the approval of "quick" arrives in time on a busy machine (at 0.5 s a
+    # loaded CI run once expired it first), short enough for two expiries in DEADLINE_S.
+    live = await make_server(approval_timeout_s=2.0)
     with trio.fail_after(DEADLINE_S):
         async with live.connect() as caller, live.connect() as watcher:
             await caller.send(marked_execute(CHAT, "quick", approval=True))
