@@ -701,38 +701,43 @@ async def test_an_unanswered_gate_expires(make_server: MakeServer) -> None:
             assert not ran(live, "tg") and ran_once(live, "te")
 
 
+async def until_seen(
+    clock: trio.testing.MockClock, outbox: Outbox, seen: Callable[[list[Event]], bool]
+) -> list[Event]:
+    """Take events until `seen` says they hold what is waited for, then until the agent is
+    idle. The writes, and a turn's paths (issue 28), run on worker threads, whose real time
+    must not move the virtual clock: no autojump meanwhile (it would jump to the next deadline
+    while a thread works)."""
+    clock.autojump_threshold = math.inf
+    try:
+        events: list[Event] = []
+        while not seen(events):
+            await outbox.wait()
+            events += outbox.take(10_000)
+        await trio.testing.wait_all_tasks_blocked()
+        return events + outbox.take(10_000)
+    finally:
+        clock.autojump_threshold = 0
+
+
 async def until_written(
     clock: trio.testing.MockClock, outbox: Outbox, call_ids: set[str]
 ) -> list[Event]:
-    """Take events until each of `call_ids` has its result, then until the agent is idle.
-    The writes run on worker threads, whose real time must not move the virtual clock: no
-    autojump meanwhile (it would jump to the next deadline while a thread writes)."""
-    clock.autojump_threshold = math.inf
-    try:
-        events: list[Event] = []
-        while not call_ids <= {e.call_id for e in events if isinstance(e, ResultEvent)}:
-            await outbox.wait()
-            events += outbox.take(10_000)
-        await trio.testing.wait_all_tasks_blocked()
-        return events + outbox.take(10_000)
-    finally:
-        clock.autojump_threshold = 0
+    """Events until each of `call_ids` has its result (`until_seen`)."""
+    return await until_seen(
+        clock,
+        outbox,
+        lambda events: call_ids <= {e.call_id for e in events if isinstance(e, ResultEvent)},
+    )
 
 
 async def until_planned(clock: trio.testing.MockClock, outbox: Outbox, turn_id: str) -> list[Event]:
-    """Take events until the turn's `turn_plan`, then until the agent is idle. A turn naming
-    paths has them resolved on a worker thread before it is planned (issue 28): no autojump
-    meanwhile, as in `until_written`."""
-    clock.autojump_threshold = math.inf
-    try:
-        events: list[Event] = []
-        while not any(isinstance(e, TurnPlanEvent) and e.turn_id == turn_id for e in events):
-            await outbox.wait()
-            events += outbox.take(10_000)
-        await trio.testing.wait_all_tasks_blocked()
-        return events + outbox.take(10_000)
-    finally:
-        clock.autojump_threshold = 0
+    """Events until the turn's `turn_plan` (`until_seen`)."""
+    return await until_seen(
+        clock,
+        outbox,
+        lambda events: any(isinstance(e, TurnPlanEvent) and e.turn_id == turn_id for e in events),
+    )
 
 
 async def test_expiry_counts_from_the_gate_in_virtual_time(
