@@ -1,14 +1,13 @@
 """The agent's side of the keeper (actors/keeper.py): commands spawned by it, and re-adopted
 from it after a restart (PROTOCOL.md 10.1).
 
-`KeptProcessBackend` is the `ProcessBackend` of `toolwire serve` with a state dir: each spawn
+`KeptProcessBackend` is the process backend of `toolwire serve` with a state dir: each spawn
 is one request to the keeper on its control socket (the keeper spawns, exactly as the agent
 did, and hands back its own end of a socket the process's output is forwarded on, a pidfd and
 the process's input). A chat's spawn (`start_spawn`) does not wait for the reply: the loop
 sends the request and goes on, and the reply comes through the event reader (`KeeperClient.run`)
-to a `SpawnWaiter`, so the loop every chat shares is never held for the keeper's posix_spawn
-(`spawn`, which waits, stays for callers that need the process at once). A `KeptProcess`
-then behaves as a process the agent spawned itself:
+to a `SpawnWaiter`, so the loop every chat shares is never held for the keeper's posix_spawn.
+A `KeptProcess` then behaves as a process the agent spawned itself:
 its output is read from that socket as it was from the pipe, its stdin is written through the
 agent's copy, its group signalled with killpg; only its exit comes from the keeper (its parent),
 after everything the command wrote before it.
@@ -625,7 +624,7 @@ class KeptProcess:
 
 
 class KeptProcessBackend:
-    """`ProcessBackend` whose commands the keeper holds (see the module docstring)."""
+    """The process backend whose commands the keeper holds (see the module docstring)."""
 
     def __init__(self, client: KeeperClient, retention_bytes: int) -> None:
         self.client = client
@@ -643,26 +642,6 @@ class KeptProcessBackend:
             client.nursery = self.nursery
             self.nursery.start_soon(client.run)
         return client
-
-    def spawn(
-        self,
-        argv: list[str],
-        cwd: str,
-        env: Mapping[str, str],
-        *,
-        stdin: bool = False,
-        terminal: TerminalSize | None = None,
-        confinement: Confinement | None = None,
-        keep: KeepInfo | None = None,
-    ) -> KeptProcess:
-        """Spawn and wait for the keeper's reply (blocking the loop meanwhile)."""
-        if keep is None:
-            raise ValueError("a kept command needs its chat and call")
-        key, message = self._spawn_message(argv, cwd, env, stdin, terminal, keep)
-        client = self._live_client()
-        _name_sandbox(client, message, confinement)
-        reply, fds = client.request(message)
-        return _spawned(client, key, reply, fds, terminal=terminal is not None)
 
     def start_spawn(
         self,

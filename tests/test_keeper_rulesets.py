@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from toolwire.actors.kept import KeeperClient, KeepInfo, KeptProcessBackend
+from toolwire.actors.kept import KeeperClient, KeepInfo, KeptProcess, KeptProcessBackend
 from toolwire.actors.sandbox import Confinement, Enforcement
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -33,6 +33,7 @@ async def _keeper(state: Path) -> AsyncIterator[KeptProcessBackend]:
     backend = KeptProcessBackend(client, 1 << 20)
     try:
         async with trio.open_nursery() as nursery:
+            client.nursery = backend.nursery = nursery  # as the agent's run sets them
             nursery.start_soon(client.run)
             yield backend
             nursery.cancel_scope.cancel()
@@ -40,18 +41,43 @@ async def _keeper(state: Path) -> AsyncIterator[KeptProcessBackend]:
         backend.client.close()
 
 
+class _Answer:
+    """The keeper's answer to one spawn (`kept.SpawnWaiter`)."""
+
+    def __init__(self) -> None:
+        self.came = trio.Event()
+        self.handle: KeptProcess | None = None
+        self.error: OSError | None = None
+
+    def spawned(self, handle: KeptProcess) -> None:
+        self.handle = handle
+        self.came.set()
+
+    def spawn_failed(self, error: OSError) -> None:
+        self.error = error
+        self.came.set()
+
+    def spawn_unanswered(self, error: OSError) -> None:
+        self.spawn_failed(error)
+
+
 async def _run(
     backend: KeptProcessBackend, call_id: str, command: str, cwd: Path, confinement: Confinement
 ) -> int | None:
     """Spawn `command` confined, wait for its exit, and return its exit code."""
-    handle = backend.spawn(
+    answer = _Answer()
+    backend.start_spawn(
         ["/bin/sh", "-c", command],
         str(cwd),
         {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        answer,
         confinement=confinement,
         keep=KeepInfo("chat", call_id, {"command": command}, 0),
     )
     with trio.fail_after(20):
+        await answer.came.wait()
+        handle = answer.handle
+        assert handle is not None, answer.error
         while await handle.read_some():
             pass
         status = await handle.wait()
