@@ -448,8 +448,7 @@ class Keeper:
             os.set_blocking(read_fd, False)
             pidfd = os.pidfd_open(pid)
         except OSError as exc:
-            self.spares.give_back(*spare)
-            return self._started_and_stopped(rid, pid, own, exc), []
+            return self._started_and_stopped(rid, pid, own, spare, exc), []
         held = Held(
             key=key,
             pid=pid,
@@ -461,8 +460,7 @@ class Keeper:
         try:
             fds, names = self._attach(held)
         except OSError as exc:
-            self.spares.give_back(*spare)
-            return self._started_and_stopped(rid, pid, [*own, pidfd], exc), []
+            return self._started_and_stopped(rid, pid, [*own, pidfd], spare, exc), []
         if kill_after_ms:
             held.kill_at_ms = meta.started_at_ms + int(kill_after_ms)
             held.grace_s = float(message.get("grace_ms", 2000)) / 1000
@@ -481,7 +479,7 @@ class Keeper:
         return {"rid": rid, "pid": pid, "fds": names}, fds
 
     def _started_and_stopped(
-        self, rid: Any, pid: int, fds: list[int], exc: OSError
+        self, rid: Any, pid: int, fds: list[int], spare: tuple[str, int], exc: OSError
     ) -> dict[str, Any]:
         """A process started, but what the keeper needs to hold it (a pidfd, the agent's
         sockets: descriptors, when the keeper is at its limit) could not be made: it is
@@ -495,6 +493,7 @@ class Keeper:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.spares.give_back(*spare)  # its file was never written: a spare again
         return {
             "rid": rid,
             "errno": exc.errno or errno.EIO,
@@ -771,7 +770,7 @@ class Keeper:
         is forgotten: it stays listed, its record on disk, for an hour (`exited_retention_s`),
         and a pidfd and an open file for each such process would run the keeper out of
         descriptors after some 10,000 commands within the hour at a hard limit of 20,000,
-        where a spawn's `socketpair` or `pidfd_open` fails out of the keeper's loop. A record
+        past which every spawn fails. A record
         is opened again only when it is given back as a spare."""
         if not held.done:
             return
