@@ -58,7 +58,7 @@ from toolwire.actors.hidden_paths import NOTHING_HIDDEN, TEXT_HIDDEN, HiddenPath
 from toolwire.actors.results import Outcome, ToolFailure, ToolReport
 from toolwire.actors.tools import big_text, patterns
 from toolwire.actors.tools.mounts import PseudoFilesystems
-from toolwire.actors.tools.whole_files import read_whole
+from toolwire.actors.tools.whole_files import WholeFile, read_whole
 
 # --- limits -------------------------------------------------------------------------------------
 
@@ -923,10 +923,9 @@ def _check_replaceable(old: os.stat_result | None, shown: str) -> None:
 class _EditTarget:
     target: str  # resolved path (symlinks followed): two entries naming it share one target
     shown: str  # the path as first given
-    # The file's bytes as read: `read[:length]`, a pooled read buffer's start for a big file
+    # The file's bytes as read: a pooled read buffer's start for a big file
     # (actors/tools/whole_files.py), which stays lent until the call's last write is done.
-    read: big_text.Text
-    length: int
+    whole: WholeFile
     stat: os.stat_result
     # The content with the edits applied so far, as views into the read bytes and the edits'
     # texts (big_text), None before the first edit: no whole-file value is made unless a file
@@ -941,9 +940,11 @@ class _EditTarget:
     @property
     def original(self) -> big_text.Piece:
         """The file's bytes as read, without a copy."""
-        if isinstance(self.read, bytes) and len(self.read) == self.length:
-            return self.read
-        return memoryview(self.read)[: self.length]
+        return self.whole.content()
+
+    @property
+    def length(self) -> int:
+        return self.whole.length
 
     @property
     def content(self) -> big_text.Pieces:
@@ -952,7 +953,7 @@ class _EditTarget:
     def searched(self) -> tuple[big_text.Text, int]:
         """What the next edit searches: `text[:end]`, the content as it stands."""
         if self.edited is None:
-            return self.read, self.length
+            return self.whole.data, self.whole.length
         data = big_text.joined(self.edited)
         return data, len(data)
 
@@ -1013,7 +1014,7 @@ def _load_edit_target(
         raise ToolFailure(e.text + _UNCHANGED) from None
     except OSError as e:
         raise ToolFailure(os_failure(e, shown, "read").text + _UNCHANGED) from None
-    loaded = _EditTarget(target, shown, whole.data, whole.length, st)
+    loaded = _EditTarget(target, shown, whole, st)
     if expected is not None and (actual := _sha256_hex(loaded.original)) != expected.lower():
         # Changed by something other than toolwire since the precondition check: still refuse.
         raise _changed_failure(shown, expected, actual)
