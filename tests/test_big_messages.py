@@ -179,3 +179,46 @@ async def test_a_big_turn_is_fingerprinted_off_the_loop_and_repeats_match(live: 
         assert refused[-1]["code"] == "conflict", refused[-1]
         assert all(m["type"] != "error" for m in conn.seen[start : len(conn.seen) - 1])
     assert (live.workspace / "a.txt").read_text() == content
+
+
+async def test_big_messages_of_many_connections_are_made_ready_one_at_a_time(
+    live: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two chat servers each send a big call at once: their fingerprints are computed on a
+    worker thread one after the other, never side by side (`PREPARING_THREADS`), as threads
+    that hold the GIL in turns with the loop would otherwise leave it one turn in as many;
+    both calls still complete. Two fingerprints that did run at once would meet at the
+    barrier; one at a time, the first waits out the barrier's timeout alone."""
+    barrier = threading.Barrier(2, timeout=2.0)
+    met: list[bool] = []
+    real = records.args_fingerprint_in_pieces
+
+    def fingerprint(tool: str, args: Any, *rest: Any) -> bytes:
+        try:
+            barrier.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        result: bytes = real(tool, args, *rest)
+        return result
+
+    monkeypatch.setattr(big_messages, "args_fingerprint_in_pieces", fingerprint)
+    content = "z" * (BIG_MESSAGE_BYTES + 10)
+    async with live.connect(encoding="msgpack") as one, live.connect(encoding="msgpack") as two:
+        first = _write("w1", content) | {
+            "chat_id": "one",
+            "args": {"path": "one.txt", "content": content},
+        }
+        second = _write("w2", content) | {
+            "chat_id": "two",
+            "args": {"path": "two.txt", "content": content},
+        }
+        await one.send(first)
+        await two.send(second)
+        for conn in (one, two):
+            answers = await conn.recv_until(lambda m: m["type"] in ("result", "error"))
+            assert answers[-1]["type"] == "result", answers[-1]
+            assert answers[-1]["outcome"] == "completed", answers[-1]
+    assert met == [False, False]
+    assert (live.workspace / "one.txt").read_text() == content
+    assert (live.workspace / "two.txt").read_text() == content

@@ -16,6 +16,10 @@ p99 of 46 ms during 16 MiB edits). Measured for a message of 16 MiB here:
   (`args_fingerprint_in_pieces`), so the GIL is held for one piece's encoding at a time, and
   goes to the chat with the call (`CallSpec.args_fingerprint`), which then does not compute it.
 
+The two worker-thread steps run for one big message at a time, agent-wide
+(`PREPARING_THREADS`): more threads would not go faster, and each holds the GIL in turns with
+the loop.
+
 A connection's messages stay in order: its reader awaits these steps before it reads on, while
 every other connection's reader and every chat go on. Below `BIG_MESSAGE_BYTES` a message is
 decoded and applied in one synchronous step, as before: a thread hop costs some 50 µs here,
@@ -39,6 +43,15 @@ from toolwire.transport.codec import Codec, MessageError
 # which stays inside the 5 ms a p99 of the loop's lag is allowed (issue 26).
 BIG_MESSAGE_BYTES = 1024 * 1024
 
+# One big message is made ready on a worker thread at a time, whatever the connections: the
+# steps that run there (the join's copy, the fingerprint's encoding of each piece) hold the GIL
+# in turns with the loop, and with twenty of them at once (20 concurrent 16 MiB messages) the
+# loop waits behind each: its worst lag was 14-34 ms, once 205 ms, over 7 runs, where one
+# thread at a time leaves it 11-19 ms over 7 runs, for the same time to answer them all
+# (a 1 ms ticker in the agent's loop, alternated). One per process, as the GIL is; the
+# loop's own steps (the pre-scan, the decode) are not gated.
+PREPARING_THREADS = trio.CapacityLimiter(1)
+
 
 @dataclass(frozen=True)
 class PreparedMessage:
@@ -52,8 +65,9 @@ class PreparedMessage:
 
 
 async def join_parts(parts: list[bytes]) -> bytes:
-    """`b"".join(parts)` on a worker thread: the copy runs without the GIL."""
-    return await trio.to_thread.run_sync(b"".join, parts)
+    """`b"".join(parts)` on a worker thread (`PREPARING_THREADS`): the copy runs without the
+    GIL."""
+    return await trio.to_thread.run_sync(b"".join, parts, limiter=PREPARING_THREADS)
 
 
 async def prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
@@ -67,7 +81,9 @@ async def prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
         return PreparedMessage(None, exc)
     if isinstance(message, protocol.Call | protocol.Turn):
         await trio.lowlevel.checkpoint()  # the decode was one step: let the loop run
-        fingerprints = await trio.to_thread.run_sync(_fingerprints, message)
+        fingerprints = await trio.to_thread.run_sync(
+            _fingerprints, message, limiter=PREPARING_THREADS
+        )
         return PreparedMessage(message, None, fingerprints)
     return PreparedMessage(message, None)
 
