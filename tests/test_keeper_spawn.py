@@ -141,3 +141,32 @@ async def test_a_keeper_lost_with_a_spawn_outstanding_ends_the_call_unknown(
         after = await conn.recv_until(lambda m: _of(m, "n", "result"))
         assert after[-1]["outcome"] == "completed" and after[-1]["output"] == "next\n"
         assert keeper_pids(tmp_path / "state") not in ([], [keeper])
+
+
+async def test_on_shutdown_keep_with_a_spawn_outstanding_leaves_the_command_to_the_keeper(
+    tmp_path: Path,
+) -> None:
+    """10.1's upgrade path with a spawn unanswered: `--on-shutdown keep`, the keeper stopped
+    while it holds chat `c`'s spawn, then SIGTERM. The agent does not wait for the keeper: it
+    exits 0 at once. The keeper, let go, carries out the spawn it was told (the request was
+    already on its socket) and holds the command; the next agent re-adopts it, and the call
+    ends with its real result. The command ran once."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    command = "echo ran >> runs; echo ran"
+    async with agent(tmp_path, "--on-shutdown", "keep") as (server, conn):
+        await _warm(conn)
+        async with _keeper_stopped(tmp_path / "state"):
+            await conn.send(call_message("k", "execute", {"command": command}))
+            await conn.recv_until(lambda m: _of(m, "k", "accepted"))
+            await _spawn_asked(conn, "w")
+            server.process.send_signal(signal.SIGTERM)
+            with trio.fail_after(5):  # 10.1: exits 0 within one second (room for load)
+                assert await server.process.wait() == 0
+            assert not (ws / "runs").exists(), "the command ran while the keeper was stopped"
+    async with agent(tmp_path) as (_server, conn):
+        await conn.send(call_message("k", "execute", {"command": command}))
+        got = await conn.recv_until(lambda m: _of(m, "k", "result"))
+    assert got[-1]["outcome"] == "completed", got[-1]
+    assert got[-1]["output"] == "ran\n" and got[-1]["data"]["exit_code"] == 0
+    assert (ws / "runs").read_text() == "ran\n"
