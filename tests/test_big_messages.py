@@ -185,7 +185,7 @@ async def test_big_messages_of_many_connections_are_made_ready_one_at_a_time(
     live: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two chat servers each send a big call at once: their fingerprints are computed on a
-    worker thread one after the other, never side by side (`PREPARING_THREADS`), as threads
+    worker thread one after the other, never side by side (`ONE_BIG_MESSAGE`), as threads
     that hold the GIL in turns with the loop would otherwise leave it one turn in as many;
     both calls still complete. Two fingerprints that did run at once would meet at the
     barrier; one at a time, the first waits out the barrier's timeout alone."""

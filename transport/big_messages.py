@@ -16,9 +16,9 @@ p99 of 46 ms during 16 MiB edits). Measured for a message of 16 MiB here:
   (`args_fingerprint_in_pieces`), so the GIL is held for one piece's encoding at a time, and
   goes to the chat with the call (`CallSpec.args_fingerprint`), which then does not compute it.
 
-The two worker-thread steps run for one big message at a time, agent-wide
-(`PREPARING_THREADS`): more threads would not go faster, and each holds the GIL in turns with
-the loop.
+These steps run for one big message at a time, agent-wide (`ONE_BIG_MESSAGE`, and
+`PREPARING_THREADS` for the join, which comes before): more at once would not go faster, and
+each holds the loop or the GIL in turns with every other chat.
 
 A connection's messages stay in order: its reader awaits these steps before it reads on, while
 every other connection's reader and every chat go on. Below `BIG_MESSAGE_BYTES` a message is
@@ -43,13 +43,20 @@ from toolwire.transport.codec import Codec, MessageError
 # which stays inside the 5 ms a p99 of the loop's lag is allowed (issue 26).
 BIG_MESSAGE_BYTES = 1024 * 1024
 
-# One big message is made ready on a worker thread at a time, whatever the connections: the
-# steps that run there (the join's copy, the fingerprint's encoding of each piece) hold the GIL
-# in turns with the loop, and with twenty of them at once (20 concurrent 16 MiB messages) the
-# loop waits behind each: its worst lag was 14-34 ms, once 205 ms, over 7 runs, where one
-# thread at a time leaves it 11-19 ms over 7 runs, for the same time to answer them all
-# (a 1 ms ticker in the agent's loop, alternated). One per process, as the GIL is; the
-# loop's own steps (the pre-scan, the decode) are not gated.
+# One big message is made ready at a time, whatever the connections, on the loop as on a worker
+# thread. On the loop: every reader whose message is being pre-scanned runs one piece per round
+# of the scheduler, and the decodes of those that got there run back to back, so that twenty of
+# them (20 concurrent 16 MiB messages) held it for twenty pieces or decodes in a row before any
+# other task ran. On a worker thread: the steps there (the join's copy, the fingerprint's
+# encoding of each piece) hold the GIL in turns with the loop, and the loop waited behind each
+# thread that wanted it. Measured with a 1 ms ticker in the agent's loop during that attack,
+# alternated: with the threads one at a time the loop's worst lag went from 14-34 ms (once 205
+# ms) to 11-19 ms (7 runs each, one core busy); with the whole of it one message at a time, on
+# a machine loaded to 4-6 by other work, 19-129 ms against 41-222 ms for the tree before and
+# 41-324 ms with the threads alone gated (4 runs each), and never above 20 ms in the quietest
+# round. More at once would not go faster: one loop, one GIL.
+ONE_BIG_MESSAGE = trio.Lock()
+# The join, which comes before `prepare`, and the fingerprint: one worker thread at a time.
 PREPARING_THREADS = trio.CapacityLimiter(1)
 
 
@@ -71,6 +78,13 @@ async def join_parts(parts: list[bytes]) -> bytes:
 
 
 async def prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
+    """`frame` decoded, its bounds checked and its calls' fingerprints taken, after the big
+    messages of other connections that came first (`ONE_BIG_MESSAGE`)."""
+    async with ONE_BIG_MESSAGE:
+        return await _prepare(codec, frame)
+
+
+async def _prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
     answer: bool | None = None
     for answer in may_exceed_bounds_in_pieces(frame):
         if answer is None:
