@@ -7,7 +7,7 @@ and exec without a `preexec_fn` (a Python child per spawn: slow, and unsafe in a
 or a helper program. So a thread restricts itself once, and from then on spawns, through the
 same posix_spawn as every other command (actors/spawn.py), each command of that policy: full
 spawn speed, the whole process tree confined, and the agent's other threads untouched (its
-event loop still writes its journal and binds its port). tests/test_confined.py checks both.
+event loop still writes its journal and binds its port). tests/test_landlock.py checks both.
 
 A spawn is handed to the thread and its caller goes on (`submit`): the keeper's loop serves
 its other requests meanwhile and takes the spawn's result through `Completions`, a descriptor

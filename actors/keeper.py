@@ -13,7 +13,8 @@ What it does for each command, and nothing it was not asked for by its agent:
 - spawns it (it is the parent: only a parent learns a process's exit status), in a process
   group of its own, with posix_spawn (actors/spawn.py), confined by the agent's ruleset on a
   confined thread of its own where the call has a sandbox (actors/confined.py): the agent
-  decides the policy, the keeper applies it;
+  decides the policy, the keeper applies it. The loop does not wait for that thread: it
+  answers the spawn once the thread posts that the process started (`_on_spawned`);
 - reads its output and records it in `keeper_store` under 5.2's retention, always, then
   forwards each read to the agent on a socket of that process (the agent reads it as it read
   the pipe before). While no agent holds that socket the output is only recorded;
@@ -431,6 +432,9 @@ class Keeper:
             grace_ms=message.get("grace_ms", 2000),
             connection=self.connections,
         )
+        # One spawner for this loop and every confined thread, spawning at once: what it keeps
+        # between spawns (the last environment block) is replaced, never changed, and each
+        # spawn holds the block it uses.
         spawner = self.spawner
         start: Callable[[], int]
         try:
