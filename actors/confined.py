@@ -7,19 +7,25 @@ and exec without a `preexec_fn` (a Python child per spawn: slow, and unsafe in a
 or a helper program. So a thread restricts itself once, and from then on spawns, through the
 same posix_spawn as every other command (actors/spawn.py), each command of that policy: full
 spawn speed, the whole process tree confined, and the agent's other threads untouched (its
-event loop still writes its journal and binds its port). tests/test_confined.py checks both.
+event loop still writes its journal and binds its port). tests/test_landlock.py checks both.
 
-A spawn is handed to the thread and the caller waits for it (the event loop blocked for a
-spawn before as well): two thread switches more per spawn. At most `MAX_THREADS` are kept, the
-least recently used is let go (its commands stay confined: the domain lives in each process).
+A spawn is handed to the thread and its caller goes on (`submit`): the keeper's loop serves
+its other requests meanwhile and takes the spawn's result through `Completions`, a descriptor
+its selector watches. Waiting for the thread instead (`call`) left the loop idle for the
+hand-off and back, about 0.15 ms a spawn, which at 8 spawns in flight was what the keeper's
+rate lost (docs/benchmarks.md, `sandbox`). At most `MAX_THREADS` are kept, the least recently
+used is let go (its commands stay confined: the domain lives in each process).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final, Generic, TypeVar
 
 from toolwire.actors import landlock, seccomp
 
@@ -27,73 +33,116 @@ T = TypeVar("T")
 
 MAX_THREADS: Final = 16
 
+# What a job's caller is told, on the confined thread: its value, or what it raised.
+Done = Callable[[T | None, BaseException | None], None]
+
 
 class ConfinedThread:
     """One thread confined by `ruleset` (and, for no network, the TCP socket filter), running
-    the functions handed to it one at a time."""
+    the jobs handed to it one at a time, in the order they were handed."""
 
     def __init__(self, ruleset: landlock.Ruleset, *, refuse_tcp: bool) -> None:
         self._ruleset = ruleset
         self._refuse_tcp = refuse_tcp
-        self._lock = threading.Lock()  # one caller at a time
-        self._go = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
-        self._job: Callable[[], object] | None = None
-        self._value: object = None
-        self._error: BaseException | None = None
-        self._closing = False
+        # A C queue: a put and a blocking get cost no Python-level lock (threading.Semaphore
+        # is a Condition in 3.11). None ends the thread.
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._setup_error: BaseException | None = None
+        self._closed = False
+        started = threading.Event()
         self._thread = threading.Thread(
-            target=self._main, name="toolwire-confined-spawner", daemon=True
+            target=self._main, args=(started,), name="toolwire-confined-spawner", daemon=True
         )
         self._thread.start()
-        self._done.acquire()  # restricted, or failed to
-        self._setup_error, self._error = self._error, None
+        started.wait()  # restricted, or failed to
 
-    def _main(self) -> None:
+    def _main(self, started: threading.Event) -> None:
         try:
             landlock.restrict_current_thread(self._ruleset)
             if self._refuse_tcp:
                 seccomp.refuse_tcp_sockets_on_current_thread()
         except BaseException as exc:
-            self._error = exc
-        self._done.release()
+            self._setup_error = exc
+        started.set()
         while True:
-            self._go.acquire()
-            job = self._job
-            if self._closing or job is None:
+            job = self._jobs.get()
+            if job is None:
                 return
-            try:
-                self._value = job()
-            except BaseException as exc:
-                self._error = exc
-            self._done.release()
+            job()
 
-    def call(self, job: Callable[[], T]) -> T:
-        """Run `job` on the confined thread and return what it returns (or raise what it
-        raises). Raises OSError if the thread could not be confined: nothing ran."""
+    def submit(self, job: Callable[[], T], done: Done[T]) -> None:
+        """Run `job` on the confined thread, after those submitted before it, and return at
+        once; `done(value, None)` or `done(None, what it raised)` is then called on that
+        thread. Raises OSError if the thread could not be confined, or was let go (`close`):
+        nothing is run."""
         if self._setup_error is not None:
             raise OSError(f"the sandbox could not be applied: {self._setup_error}")
-        with self._lock:
-            self._job = job
-            self._go.release()
-            self._done.acquire()
-            value, error = self._value, self._error
-            self._job, self._value, self._error = None, None, None
+        if self._closed:
+            raise OSError("the sandbox's spawner thread was let go")
+
+        def run() -> None:
+            try:
+                value = job()
+            except BaseException as exc:
+                done(None, exc)
+                return
+            done(value, None)
+
+        self._jobs.put(run)
+
+    def call(self, job: Callable[[], T]) -> T:
+        """Run `job` on the confined thread and wait for it: what it returns (or raise what it
+        raises). Raises OSError if the thread could not be confined: nothing ran."""
+        finished = threading.Event()
+        outcome: list[tuple[T | None, BaseException | None]] = []
+
+        def done(value: T | None, error: BaseException | None) -> None:
+            outcome.append((value, error))
+            finished.set()
+
+        self.submit(job, done)
+        finished.wait()
+        value, error = outcome[0]
         if error is not None:
             raise error
         return value  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Let the thread end, and wait for it (it is idle: microseconds). The commands it
+        """Let the thread end once the jobs handed to it ran, and wait for it. The commands it
         spawned stay confined: the domain lives in each of them."""
-        with self._lock:
-            self._closing = True
-            self._go.release()
+        self._closed = True
+        self._jobs.put(None)
         self._thread.join()
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class Completions(Generic[T]):
+    """What jobs on confined threads finished with, for one other thread to take (the keeper's
+    loop): `fd` turns readable once there is any (an eventfd its selector watches)."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._done: deque[T] = deque()
+
+    def post(self, item: T) -> None:
+        """From any thread: `item` is taken by the next `take`."""
+        self._done.append(item)  # before the wake-up: a `take` it wakes finds it
+        os.eventfd_write(self.fd, 1)
+
+    def take(self) -> list[T]:
+        """Everything posted so far (none if another `take` got it first)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)  # first: what is posted after this wakes the loop again
+        taken: list[T] = []
+        while self._done:
+            taken.append(self._done.popleft())
+        return taken
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class ConfinedThreads:

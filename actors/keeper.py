@@ -13,7 +13,8 @@ What it does for each command, and nothing it was not asked for by its agent:
 - spawns it (it is the parent: only a parent learns a process's exit status), in a process
   group of its own, with posix_spawn (actors/spawn.py), confined by the agent's ruleset on a
   confined thread of its own where the call has a sandbox (actors/confined.py): the agent
-  decides the policy, the keeper applies it;
+  decides the policy, the keeper applies it. The loop does not wait for that thread: it
+  answers the spawn once the thread posts that the process started (`_on_spawned`);
 - reads its output and records it in `keeper_store` under 5.2's retention, always, then
   forwards each read to the agent on a socket of that process (the agent reads it as it read
   the pipe before). While no agent holds that socket the output is only recorded;
@@ -68,7 +69,7 @@ import msgspec
 
 from toolwire.actors import keeper_store, landlock
 from toolwire.actors import terminal as terminals
-from toolwire.actors.confined import ConfinedThread, ConfinedThreads
+from toolwire.actors.confined import Completions, ConfinedThread, ConfinedThreads
 from toolwire.actors.spawn import PosixSpawner, pipe_above_stdio
 
 log = logging.getLogger("toolwire.keeper")
@@ -161,6 +162,15 @@ class Keeper:
         self.reader = MessageReader()
         self.spawner = PosixSpawner.load()
         self.confined = ConfinedThreads()
+        # Spawns handed to a confined thread and not answered yet, by key, and where the
+        # threads post what each came to (`_on_spawned` takes it on this loop).
+        self.spawning: dict[str, _Spawning] = {}
+        self.spawned: Completions[tuple[_Spawning, int | None, BaseException | None]] = (
+            Completions()
+        )
+        self.selector.register(self.spawned.fd, selectors.EVENT_READ, self._on_spawned)
+        # How many connections proved themselves so far: the one a spawn was asked on.
+        self.connections = 0
         # The rulesets the connected agent told (`ruleset`), by its number for each.
         self.rulesets: dict[int, _Told] = {}
         path = os.path.join(directory, SOCKET_NAME)
@@ -178,7 +188,10 @@ class Keeper:
     def run(self) -> None:
         started = time.monotonic()
         while True:
-            idle = self.conn is None and all(h.done for h in self.held.values())
+            # (A spawn still on a confined thread is waited for: what it starts is killed.)
+            idle = (
+                self.conn is None and not self.spawning and all(h.done for h in self.held.values())
+            )
             if idle and (self.ever_connected or time.monotonic() - started > FIRST_CONNECT_WAIT_S):
                 return
             timeout = self._enforce_deadlines() if self.deadlines else 1.0
@@ -223,6 +236,7 @@ class Keeper:
     def close(self) -> None:
         self.listener.close()
         self.spares.close()
+        self.spawned.close()
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.directory, SOCKET_NAME))
 
@@ -269,6 +283,7 @@ class Keeper:
         if self.conn is not None:
             self._drop_conn()
         self.conn = conn
+        self.connections += 1
         self.ever_connected = True
         self.selector.register(conn, selectors.EVENT_READ, self._on_conn)
         self._tell({"rid": message.get("rid"), "protocol": KEEPER_PROTOCOL})
@@ -312,16 +327,23 @@ class Keeper:
                 reply = {"rid": rid, "errno": errno.EIO, "error": f"keeper error: {exc}"}
                 if rid is None:
                     reply = None
-            if reply is not None:
-                self._tell(reply, fds)
-            for fd in fds:
-                os.close(fd)  # the agent holds its own copies now (or the send failed)
-            after, self.after_reply = self.after_reply, []
-            for action in after:
-                try:
-                    action()
-                except Exception:
-                    log.exception("what follows a reply could not be done")
+            self._reply(reply, fds)
+            if self.conn is not conn:
+                return  # the reply could not be sent: the connection is gone
+
+    def _reply(self, reply: dict[str, Any] | None, fds: list[int]) -> None:
+        """Send a request's reply (None: no reply, or one sent later) and the descriptors it
+        carries, then do what waited for it (`after_reply`)."""
+        if reply is not None:
+            self._tell(reply, fds)
+        for fd in fds:
+            os.close(fd)  # the agent holds its own copies now (or the send failed)
+        after, self.after_reply = self.after_reply, []
+        for action in after:
+            try:
+                action()
+            except Exception:
+                log.exception("what follows a reply could not be done")
 
     def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         conn = self.conn
@@ -383,67 +405,122 @@ class Keeper:
 
     # -- spawning -------------------------------------------------------------------------------
 
-    def _spawn(self, message: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    def _spawn(self, message: dict[str, Any]) -> tuple[dict[str, Any] | None, list[int]]:
+        """A spawn: started here (unconfined), or handed to its ruleset's confined thread, whose
+        result `_on_spawned` takes; then None is the reply, sent once the spawn is done."""
         rid = message["rid"]
         key: str = message["key"]
         if self.spawner is None:
             return {"rid": rid, "errno": errno.ENOSYS, "error": "no posix_spawn"}, []
-        if key in self.held or not _plain_name(key):
+        if key in self.held or key in self.spawning or not _plain_name(key):
             return {"rid": rid, "errno": errno.EEXIST, "error": "already held"}, []
         argv: list[str] = message["argv"]
         cwd: str = message["cwd"]
         env: dict[str, str] = message["env"]
         rows, cols = message.get("rows"), message.get("cols")
-        terminal = rows is not None and cols is not None
-        run: Callable[[Callable[[], int]], int] = _run_here
         try:
             thread = self._confined_thread(message)
         except (KeyError, TypeError, ValueError) as exc:
             # Never run unconfined what was asked confined: the spawn is refused.
             return {"rid": rid, "errno": errno.EINVAL, "error": f"bad sandbox: {exc}"}, []
-        if thread is not None:
-            run = thread.call
-        meta = keeper_store.Meta(**message["meta"])
-        kill_after_ms = message.get("kill_after_ms")
+        spawning = _Spawning(
+            rid=rid,
+            key=key,
+            meta=keeper_store.Meta(**message["meta"]),
+            terminal=rows is not None and cols is not None,
+            kill_after_ms=message.get("kill_after_ms"),
+            grace_ms=message.get("grace_ms", 2000),
+            connection=self.connections,
+        )
+        # One spawner for this loop and every confined thread, spawning at once: what it keeps
+        # between spawns (the last environment block) is replaced, never changed, and each
+        # spawn holds the block it uses.
         spawner = self.spawner
-        to_close: list[int] = []
-        input_fd: int | None
-        spare: tuple[str, int] | None = None
+        start: Callable[[], int]
         try:
             # Its file first (a disk that refuses one refuses the spawn: nothing ran).
-            spare = self.spares.take()
+            spawning.spare = self.spares.take()
             if rows is not None and cols is not None:
                 term = terminals.open_terminal(terminals.TerminalSize(int(rows), int(cols)))
-                to_close.append(term.master)
-                try:
-                    pid = run(
-                        lambda: spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
-                    )
-                finally:
-                    os.close(term.slave)
-                read_fd, input_fd = term.master, term.master
+                spawning.keep += [term.master]
+                spawning.after_start.append(term.slave)
+                spawning.read_fd, spawning.input_fd = term.master, term.master
+
+                def start() -> int:
+                    return spawner.spawn(argv, cwd, env, None, terminal_path=term.slave_path)
+
             else:
                 read_fd, write_fd = pipe_above_stdio()
-                to_close += [read_fd, write_fd]
-                in_read, in_write = pipe_above_stdio() if message.get("stdin") else (None, None)
-                to_close += [fd for fd in (in_read, in_write) if fd is not None]
-                pid = run(lambda: spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read))
-                os.close(write_fd)
-                if in_read is not None:
-                    os.close(in_read)
-                read_fd, input_fd = read_fd, in_write
+                spawning.keep.append(read_fd)
+                spawning.after_start.append(write_fd)
+                spawning.read_fd = read_fd
+                if message.get("stdin"):
+                    in_read, in_write = pipe_above_stdio()
+                    spawning.keep.append(in_write)
+                    spawning.after_start.append(in_read)
+                    spawning.input_fd = in_write
+                else:
+                    in_read = None
+
+                def start() -> int:
+                    return spawner.spawn(argv, cwd, env, write_fd, stdin_fd=in_read)
+
+            if thread is None:
+                pid = start()
+            else:
+                # The loop goes on meanwhile: the reply goes out from `_on_spawned`.
+                thread.submit(start, lambda pid, error: self.spawned.post((spawning, pid, error)))
         except (OSError, ValueError) as exc:
-            for fd in to_close:
+            return self._spawned(spawning, None, exc)
+        if thread is None:
+            return self._spawned(spawning, pid, None)
+        self.spawning[key] = spawning
+        return None, []
+
+    def _on_spawned(self, _mask: int) -> None:
+        """Spawns the confined threads finished: each answered, as `_spawn` answers one it
+        started itself. One asked on a connection that has gone (or was replaced) is answered
+        to nobody: a process it started is killed, since no agent knows of it."""
+        for spawning, pid, error in self.spawned.take():
+            del self.spawning[spawning.key]
+            reply: dict[str, Any] | None
+            fds: list[int] = []
+            try:
+                if spawning.connection != self.connections or self.conn is None:
+                    self._unasked(spawning, pid)
+                    continue
+                reply, fds = self._spawned(spawning, pid, error)
+            except Exception as exc:
+                log.exception("a spawn could not be carried out")
+                reply = {"rid": spawning.rid, "errno": errno.EIO, "error": f"keeper error: {exc}"}
+            self._reply(reply, fds)
+
+    def _spawned(
+        self, spawning: _Spawning, pid: int | None, error: BaseException | None
+    ) -> tuple[dict[str, Any], list[int]]:
+        """The reply to a spawn once its process started (`pid`) or could not be (`error`,
+        which is raised again unless it is a refusal: an OSError or a ValueError)."""
+        for fd in spawning.after_start:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # the child's ends (its copies are the child's now)
+        spawning.after_start.clear()
+        if pid is None:
+            for fd in spawning.keep:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            if spare is not None:
-                self.spares.give_back(*spare)
-            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EINVAL
-            text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            return {"rid": rid, "errno": code, "error": text}, []
+            if spawning.spare is not None:
+                self.spares.give_back(*spawning.spare)
+            if not isinstance(error, (OSError, ValueError)):
+                raise error if error is not None else RuntimeError("no pid and no error")
+            code = error.errno if isinstance(error, OSError) and error.errno else errno.EINVAL
+            text = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            return {"rid": spawning.rid, "errno": code, "error": text}, []
+        rid, key, meta, spare = spawning.rid, spawning.key, spawning.meta, spawning.spare
+        assert spare is not None and spawning.read_fd is not None
+        read_fd, input_fd = spawning.read_fd, spawning.input_fd
         meta.pid = pid
-        meta.terminal = terminal
-        own = [fd for fd in (read_fd, input_fd) if fd is not None]
+        meta.terminal = spawning.terminal
+        own = spawning.keep
         try:
             os.set_blocking(read_fd, False)
             pidfd = os.pidfd_open(pid)
@@ -455,15 +532,15 @@ class Keeper:
             pidfd=pidfd,
             read_fd=read_fd,
             input_fd=input_fd,
-            terminal=terminal,
+            terminal=spawning.terminal,
         )
         try:
             fds, names = self._attach(held)
         except OSError as exc:
             return self._started_and_stopped(rid, pid, [*own, pidfd], spare, exc), []
-        if kill_after_ms:
-            held.kill_at_ms = meta.started_at_ms + int(kill_after_ms)
-            held.grace_s = float(message.get("grace_ms", 2000)) / 1000
+        if spawning.kill_after_ms:
+            held.kill_at_ms = meta.started_at_ms + int(spawning.kill_after_ms)
+            held.grace_s = float(spawning.grace_ms) / 1000
             self.deadlines[key] = held
         self.held[key] = held
 
@@ -477,6 +554,20 @@ class Keeper:
 
         self.after_reply.append(record)
         return {"rid": rid, "pid": pid, "fds": names}, fds
+
+    def _unasked(self, spawning: _Spawning, pid: int | None) -> None:
+        """A spawn whose agent went while its confined thread ran it: nothing of it is kept."""
+        for fd in [*spawning.after_start, *spawning.keep]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if pid is not None:
+            log.error("process %d started for an agent that has gone: killed", pid)
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if spawning.spare is not None:
+            self.spares.give_back(*spawning.spare)  # never written: a spare again
 
     def _started_and_stopped(
         self, rid: Any, pid: int, fds: list[int], spare: tuple[str, int], exc: OSError
@@ -805,6 +896,25 @@ class Keeper:
 
 
 @dataclass(eq=False)
+class _Spawning:
+    """A spawn on its way: what it asked for, and what was made for it before its process
+    starts (so that a refusal, however late, closes all of it)."""
+
+    rid: Any
+    key: str
+    meta: keeper_store.Meta
+    terminal: bool
+    kill_after_ms: Any
+    grace_ms: Any
+    connection: int  # the keeper's count of connections when it was asked (`connections`)
+    spare: tuple[str, int] | None = None
+    read_fd: int | None = None
+    input_fd: int | None = None
+    keep: list[int] = field(default_factory=list)  # the keeper's ends: its output, its input
+    after_start: list[int] = field(default_factory=list)  # the child's ends, closed after
+
+
+@dataclass(eq=False)
 class _Told:
     """A ruleset the agent told on its connection, and the confined thread made for it."""
 
@@ -871,10 +981,6 @@ def _drop_stale_spares(procs_dir: str) -> None:
 def _plain_name(key: str) -> bool:
     """A key names a file of the keeper's directory, never a path elsewhere."""
     return bool(key) and key not in (".", "..") and "/" not in key and "\0" not in key
-
-
-def _run_here(start: Callable[[], int]) -> int:
-    return start()
 
 
 def read_secret(directory: str) -> str:

@@ -270,7 +270,9 @@ class KeeperClient:
 
     def start_request(self, message: dict[str, Any]) -> int:
         """Send `message` without waiting for its reply: its rid, for `wait_reply`. Several may
-        be in flight (the keeper answers in order); each must be waited for."""
+        be in flight, each matched to its reply by its rid (the keeper answers a sandboxed
+        spawn once its confined thread started it, after requests sent later); each must be
+        waited for."""
         if self.lost:
             raise OSError(errno.ENOTCONN, "the keeper is gone")
         self._rid += 1
