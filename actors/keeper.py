@@ -188,7 +188,7 @@ class Keeper:
     def run(self) -> None:
         started = time.monotonic()
         while True:
-            # (A spawn still on a confined thread is waited for: what it starts is killed.)
+            # (A spawn still on a confined thread is waited for: `_on_spawned` decides.)
             idle = (
                 self.conn is None and not self.spawning and all(h.done for h in self.held.values())
             )
@@ -479,17 +479,23 @@ class Keeper:
 
     def _on_spawned(self, _mask: int) -> None:
         """Spawns the confined threads finished: each answered, as `_spawn` answers one it
-        started itself. One asked on a connection that has gone (or was replaced) is answered
-        to nobody: a process it started is killed, since no agent knows of it."""
+        started itself. One whose agent has gone, with no other connected since, is held as
+        an unconfined spawn read after its agent went is: recorded, for the next agent to
+        re-adopt by its key (its start row is durable: 10.1). One asked on a connection that
+        another agent's has replaced is killed: that agent listed what it re-adopts when it
+        connected, so no agent would ever answer for it."""
         for spawning, pid, error in self.spawned.take():
             del self.spawning[spawning.key]
             reply: dict[str, Any] | None
             fds: list[int] = []
             try:
-                if spawning.connection != self.connections or self.conn is None:
+                if spawning.connection != self.connections:
                     self._unasked(spawning, pid)
                     continue
                 reply, fds = self._spawned(spawning, pid, error)
+                held = self.held.get(spawning.key)
+                if self.conn is None and held is not None:
+                    self._stop_forwarding(held)  # as `_drop_conn` leaves every held process
             except Exception as exc:
                 log.exception("a spawn could not be carried out")
                 reply = {"rid": spawning.rid, "errno": errno.EIO, "error": f"keeper error: {exc}"}
@@ -556,12 +562,13 @@ class Keeper:
         return {"rid": rid, "pid": pid, "fds": names}, fds
 
     def _unasked(self, spawning: _Spawning, pid: int | None) -> None:
-        """A spawn whose agent went while its confined thread ran it: nothing of it is kept."""
+        """A spawn whose agent was replaced by another while its confined thread ran it:
+        nothing of it is kept."""
         for fd in [*spawning.after_start, *spawning.keep]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         if pid is not None:
-            log.error("process %d started for an agent that has gone: killed", pid)
+            log.error("process %d started for an agent another one replaced: killed", pid)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):

@@ -225,9 +225,34 @@ async def test_a_second_spawn_of_a_key_whose_spawn_is_pending_is_refused_at_once
         assert await _exit_code(first) == 0
 
 
-async def test_a_spawn_pending_when_its_agent_goes_leaves_nothing_running(
+async def test_a_spawn_pending_when_its_agent_goes_is_held_for_the_next_agent(
     tmp_path: Path,
 ) -> None:
+    """The agent goes (a crash, or `--on-shutdown keep`) while its sandboxed spawn waits in the
+    confined thread: the keeper still carries it out, as it carries out an unconfined spawn
+    read after its agent went, and holds the command (its start row is durable, so the next
+    agent re-adopts it by its key): its output is recorded and its exit written, and the
+    keeper ends only once it is done."""
+    async with _keeper_here(tmp_path) as here:
+        with _thread_held(here):
+            pending = _spawn(here, "kept", ["/bin/sh", "-c", "echo kept"], confined=True)
+            await _ping(here)  # sent after the spawn: the keeper has taken the spawn
+            here.backend.client.close()  # the agent goes before the spawn is answered
+            assert not pending.came.is_set()
+        with trio.fail_after(20):
+            await trio.to_thread.run_sync(here.loop.join)  # it ends once the command is done
+        (held,) = here.keeper.held.values()  # (held by the key `kept.KeepInfo` makes)
+        assert held.status is not None and held.status[0] == 0
+        assert held.recording is not None and held.recording.total == len(b"kept\n")
+
+
+async def test_a_spawn_pending_when_another_agent_connects_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    """A new agent connects (it replaces the old one's connection, and lists what it
+    re-adopts) while the old agent's sandboxed spawn waits in the confined thread: no agent
+    would ever answer for that command, so what the spawn started is killed and reaped, and
+    the keeper holds nothing of it."""
     sleep = shutil.which("sleep")
     assert sleep is not None
     before = _children()
@@ -235,10 +260,12 @@ async def test_a_spawn_pending_when_its_agent_goes_leaves_nothing_running(
         with _thread_held(here):
             pending = _spawn(here, "orphan", [sleep, "60"], confined=True)
             await _ping(here)  # sent after the spawn: the keeper has taken the spawn
-            here.backend.client.close()  # the agent goes before the spawn is answered
+            newer = KeeperClient.connect_or_start(str(tmp_path / "state"))
+            assert newer.protocol >= 2  # it was answered: its connection replaced the old one
+            here.backend.client.close()
+            newer.close()
             assert not pending.came.is_set()
-        # The spawn runs once the thread is free, and what it started is killed and reaped:
-        # the keeper, which waits for it before it ends, then ends (no agent, nothing held).
+        # Had the keeper held `sleep 60`, it would not end within the 20 s.
         with trio.fail_after(20):
             await trio.to_thread.run_sync(here.loop.join)
         assert here.keeper.held == {}

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.keeper_support import agent, call_message, gone, keeper_pids
@@ -143,21 +144,24 @@ async def test_a_keeper_lost_with_a_spawn_outstanding_ends_the_call_unknown(
         assert keeper_pids(tmp_path / "state") not in ([], [keeper])
 
 
+@pytest.mark.parametrize("sandbox", [None, {"filesystem": "workspace_write"}])
 async def test_on_shutdown_keep_with_a_spawn_outstanding_leaves_the_command_to_the_keeper(
-    tmp_path: Path,
+    tmp_path: Path, sandbox: dict[str, str] | None
 ) -> None:
     """10.1's upgrade path with a spawn unanswered: `--on-shutdown keep`, the keeper stopped
     while it holds chat `c`'s spawn, then SIGTERM. The agent does not wait for the keeper: it
     exits 0 at once. The keeper, let go, carries out the spawn it was told (the request was
     already on its socket) and holds the command; the next agent re-adopts it, and the call
-    ends with its real result. The command ran once."""
+    ends with its real result. The command ran once. The same for a sandboxed command, whose
+    spawn the keeper hands to a confined thread."""
     ws = tmp_path / "ws"
     ws.mkdir()
     command = "echo ran >> runs; echo ran"
+    extra = {} if sandbox is None else {"sandbox": sandbox}
     async with agent(tmp_path, "--on-shutdown", "keep") as (server, conn):
         await _warm(conn)
         async with _keeper_stopped(tmp_path / "state"):
-            await conn.send(call_message("k", "execute", {"command": command}))
+            await conn.send(call_message("k", "execute", {"command": command}, **extra))
             await conn.recv_until(lambda m: _of(m, "k", "accepted"))
             await _spawn_asked(conn, "w")
             server.process.send_signal(signal.SIGTERM)
@@ -165,7 +169,7 @@ async def test_on_shutdown_keep_with_a_spawn_outstanding_leaves_the_command_to_t
                 assert await server.process.wait() == 0
             assert not (ws / "runs").exists(), "the command ran while the keeper was stopped"
     async with agent(tmp_path) as (_server, conn):
-        await conn.send(call_message("k", "execute", {"command": command}))
+        await conn.send(call_message("k", "execute", {"command": command}, **extra))
         got = await conn.recv_until(lambda m: _of(m, "k", "result"))
     assert got[-1]["outcome"] == "completed", got[-1]
     assert got[-1]["output"] == "ran\n" and got[-1]["data"]["exit_code"] == 0
