@@ -28,6 +28,7 @@ from toolwire.actors.tools.registry import (
     StoppableOnThread,
     ToolDef,
 )
+from toolwire.actors.worker_priority import run_sync_below_the_loop
 
 
 def run_tool(
@@ -75,6 +76,8 @@ async def run_tool_in_thread(
     table: processes.ProcessTable,
     hidden: HiddenPaths,
 ) -> ToolReport:
+    if isinstance(tool.run, OnThread) and tool.run.below_the_loop:
+        return await run_sync_below_the_loop(run_tool, tool, args, workspace, table, hidden)
     return await trio.to_thread.run_sync(run_tool, tool, args, workspace, table, hidden)
 
 

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -31,6 +32,7 @@ import trio
 
 from tests.conftest import LiveServer
 from tests.wsclient import Message, RawConn, is_result, of, state_of, wait_for
+from toolwire.actors.worker_priority import WORKER_NICE
 
 SMALL = "small.txt"
 
@@ -115,6 +117,43 @@ async def test_an_edit_stuck_in_the_kernel_leaves_other_chats_answered(live: Liv
     assert canceled["result"]["outcome"] == "completed"
     assert canceled["result"]["data"] == result["data"]
     assert target.read_bytes() == b"beta\n"
+
+
+def thread_nices() -> dict[int, int]:
+    """The nice value of each thread of this process (the live server runs in it), by id."""
+    nices: dict[int, int] = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with suppress(ProcessLookupError):  # a thread that ended meanwhile
+            nices[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+    return nices
+
+
+async def test_an_edit_runs_on_a_thread_below_the_loops_priority(live: LiveServer) -> None:
+    # actors/worker_priority.py: the edit's own thread at WORKER_NICE while it runs, the loop's
+    # and trio's cached workers at the process's own priority before, meanwhile and after.
+    process_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if process_nice >= WORKER_NICE:
+        pytest.skip(f"the tests run at nice {WORKER_NICE} already: nothing to lower")
+    target = live.workspace / "slow.txt"
+    target.write_bytes(b"alpha\n")
+    # A lowered thread of an earlier test may still be on its way out.
+    lowered_before = {tid for tid, nice in thread_nices().items() if nice == WORKER_NICE}
+    with trio.open_signal_receiver(signal.SIGIO) as sigio, write_lease(target) as release:
+        async with live.connect() as conn:
+            await conn.send(call("editor", "e1", "edit_files", edit("slow.txt", "alpha", "beta")))
+            await until_waiting(conn, sigio, "e1")
+            meanwhile = thread_nices()
+            loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            release()
+            result = await wait_for(conn, is_result("e1"))
+    lowered = {tid for tid, nice in meanwhile.items() if nice == WORKER_NICE} - lowered_before
+    assert len(lowered) == 1, meanwhile
+    assert loop_nice == process_nice
+    assert result["outcome"] == "completed", result
+    cached = await trio.to_thread.run_sync(
+        lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    )
+    assert cached == process_nice
 
 
 async def test_a_write_waiting_for_its_path_leaves_other_chats_answered(live: LiveServer) -> None:

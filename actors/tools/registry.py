@@ -82,9 +82,12 @@ class OnLoop(Generic[A]):
 
 @dataclass(frozen=True, slots=True)
 class OnThread(Generic[A]):
-    """File work that may take long, on a worker thread; a cancel waits for its real end."""
+    """File work that may take long, on a worker thread; a cancel waits for its real end.
+    `below_the_loop`: on a thread of its own at a lower OS priority than the event loop's
+    (actors/worker_priority.py), for work that keeps a CPU busy for long (big writes)."""
 
     run: FileWork[A]
+    below_the_loop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +282,7 @@ _TOOLS: tuple[ToolDef, ...] = (
         "write_file",
         files.WriteFileArgs,
         files.check_write_file,
-        OnThread(files.write_file),
+        OnThread(files.write_file, below_the_loop=True),
         planner.writer(),
         "write",
         "Create or replace a whole file with content (UTF-8), creating missing parent "
@@ -292,7 +295,7 @@ _TOOLS: tuple[ToolDef, ...] = (
         "edit_files",
         files.EditFilesArgs,
         files.check_edit_files,
-        OnThread(files.edit_files),
+        OnThread(files.edit_files, below_the_loop=True),
         planner.writer(each_in="files"),
         "write",
         "Replace exact text in one or more files, all or nothing: each edit's old text must "
