@@ -202,6 +202,9 @@ class Follower:
     resolved_events: bool = False  # approval_resolved even without stream (a turn's calls)
     detached: bool = False
     owed: int = 0  # requests on this connection waiting for the call's result
+    # Followed by `FollowMode.ANSWER` and by nothing since: the shell keeps no subscription,
+    # so the results owed go out as `Send`.
+    answer_only: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -381,17 +384,6 @@ class _ReplyBook:
         if filed is not None:
             for reply in filed:
                 self.woken[reply.seq] = reply
-
-
-def _stoppable(tool: ToolDef) -> bool:
-    """A wait a cancel can end (`process_output`, `process_input`), or a search (it reads
-    only, and stops between blocks of lines when told to): it runs as a task."""
-    return tool.stoppable
-
-
-def _runs_on_loop(tool: ToolDef) -> bool:
-    """Short enough to run right on the event loop, within the input that starts it."""
-    return tool.kind is ToolKind.INLINE or (tool.kind is ToolKind.PROCESS and not _stoppable(tool))
 
 
 class ChatState:
@@ -600,6 +592,12 @@ class ChatState:
             follower = self._follower(call, req.conn, stream=req.stream)
             follower.owed += 1
             first: tuple[Event, ...] = (accepted,)
+            mode = FollowMode.SUBSCRIBE
+            if not gated and self._answer_only(tool):
+                # Nothing of it but its result follows: the pair is decided here, and the shell
+                # keeps no subscription for it (`_publish` sends the result as `Send`).
+                follower.answer_only = True
+                mode = FollowMode.ANSWER
             if not gated and self._answers_at_once(tool):
                 call.held_accepted = (req.conn, accepted)
                 first = ()
@@ -610,7 +608,7 @@ class ChatState:
                     follower.stream,
                     False,
                     first,
-                    FollowMode.SUBSCRIBE,
+                    mode,
                     req.from_offset or None,
                 )
             )
@@ -637,8 +635,15 @@ class ChatState:
             self.config.journal_enabled
             and tool is not None
             and tool.read_only
-            and _runs_on_loop(tool)
+            and tool.runs_on_loop
         )
+
+    def _answer_only(self, tool: ToolDef | None) -> bool:
+        """A new call of `tool` (not gated, not a turn's) sends nothing but its `accepted` and
+        its result: it runs on the loop, so it has no output and no `started`, and it has no
+        gate to announce. Its follow needs no subscription in the shell, whose only work is
+        to send those two (whatever waits between them: a start row, a result's commit)."""
+        return tool is not None and tool.runs_on_loop
 
     def _send_held_accepted(self, call: CallState) -> None:
         """The held `accepted` goes out now: with the result, or before the reply to a later
@@ -1036,6 +1041,7 @@ class ChatState:
         if follower is None:
             follower = call.followers[conn] = Follower()
         follower.detached = False  # a new request on this connection follows the call again
+        follower.answer_only = False  # its Follow subscribes (the caller sets it if not)
         follower.stream = follower.stream or stream
         return follower
 
@@ -1357,9 +1363,10 @@ class ChatState:
             call.spawning = True
             self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
-        call.stoppable = _stoppable(tool)
-        on_loop = _runs_on_loop(tool)
-        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop, call.spec.sandbox))
+        call.stoppable = tool.stoppable
+        self._emit(
+            RunTool(record.call_id, tool.name, call.parsed, tool.runs_on_loop, call.spec.sandbox)
+        )
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
         if spec.background and spec.timeout_ms:
@@ -1992,8 +1999,12 @@ class ChatState:
         if call is not None:
             self._send_held_accepted(call)
             for conn, follower in call.followers.items():
-                for _ in range(follower.owed):
-                    self._emit(SendResult(conn, record.call_id, event))
+                if follower.answer_only:  # no subscription: nothing to send it after
+                    for _ in range(follower.owed):
+                        self._emit(Send(conn, event))
+                else:
+                    for _ in range(follower.owed):
+                        self._emit(SendResult(conn, record.call_id, event))
                 follower.owed = 0
         self._emit(CallEnded(record.call_id, result))
         if self.config.journal_keeps_results and not unsaved:
