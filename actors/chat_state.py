@@ -154,8 +154,9 @@ from toolwire.actors.tools.registry import (
     parse_args,
 )
 
-# What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
-# chat (ten thousand idle chats). Nothing is added to them outside `handle`.
+# What `_out` and `_to_advance` hold between inputs (and `_to_advance` while an input queued
+# no turn: `_advance_after` makes its list): one shared empty list instead of two per chat (ten
+# thousand idle chats), and none made per input. Nothing is ever added to it.
 _IDLE: list[Any] = []
 
 # Where a closed chat's close row is (9.6): none (open, or no journal), queued (its
@@ -489,7 +490,8 @@ class ChatState:
         self._wall_ms = wall_ms
         out: list[Effect] = []
         self._out = out
-        self._to_advance = []
+        if self._to_advance is not _IDLE:
+            self._to_advance = _IDLE  # left over by an input that raised
         budget = self.budget
         if budget is None:
             self._handle(event)
@@ -552,6 +554,13 @@ class ChatState:
 
     def _emit(self, effect: Effect) -> None:
         self._out.append(effect)
+
+    def _advance_after(self, run: TurnState) -> None:
+        """Start the turn's next segment at the end of this input (once: `run.to_advance`)."""
+        if self._to_advance is _IDLE:
+            self._to_advance = [run]
+        else:
+            self._to_advance.append(run)
 
     # -----------------------------------------------------------------------------------------
     # Requests
@@ -885,7 +894,7 @@ class ChatState:
             for call_id in ask.detached:
                 self._detach(ask.conn, call_id)
         run.to_advance = True
-        self._to_advance.append(run)
+        self._advance_after(run)
 
     def _on_interrupt(self, req: InterruptRequest) -> None:
         """Cancel every unresolved call (of the chat, or of one turn); report when quiet."""
@@ -1313,8 +1322,9 @@ class ChatState:
             call.kill_at = self._now + call.parsed.kill_after_ms / 1000
         if tool.read_only or not self.config.journal_enabled:
             # A read-only tool has no effect to protect: no start row (a crash before its
-            # result is durable leaves no trace, and a repeat runs it anew).
-            self._on_start_durable(StartDurable(record.call_id))
+            # result is durable leaves no trace, and a repeat runs it anew). Started right here,
+            # as a durable start would (no `StartDurable` input made and looked up again).
+            self._effect_may_start(record, call)
             return
         # The effect waits until the journal holds "started", so a crash can never forget a
         # call that ran (it comes back `unknown`, never runs twice).
@@ -1327,6 +1337,11 @@ class ChatState:
             return
         if not call.start_pending:
             return
+        self._effect_may_start(record, call)
+
+    def _effect_may_start(self, record: ToolCallRecord, call: CallState) -> None:
+        """The start is durable (or needs no row): the effect happens now, unless a cancel or
+        the shutdown came first."""
         if record.cancel_requested or self.shutting_down:
             # A cancel (or the agent's shutdown) came while the start was on its way to disk:
             # nothing happened.
@@ -1949,8 +1964,8 @@ class ChatState:
             return
         self._launching.pop(record.call_id, None)
         call = self.calls.get(record.call_id)
-        if call is not None:
-            self._turn_slot_freed(record, call)
+        if call is not None and (call.turn is not None or record.turn_id is not None):
+            self._turn_slot_freed(record, call)  # a turn's call: its slot, or its place waiting
         # The age of a record counts from its end too: a call that ran longer than
         # forget_after_s must not be forgotten (and run again on a retry) the moment it ends.
         self.records.touch(record, self._now)
@@ -2018,7 +2033,7 @@ class ChatState:
                 # all before the turn's next segment could start any of them.
                 if not run.to_advance:
                     run.to_advance = True
-                    self._to_advance.append(run)
+                    self._advance_after(run)
         self._wake_replies(record.call_id)
 
     def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:
