@@ -2007,6 +2007,12 @@ class ChatState:
         result = record.result
         assert result is not None
         self.records.publish(record)
+        if record.touched_at < self._now:
+            # Its result waited (for its commit): its age counts from now, when it goes out.
+            # Else a commit slower than forget_after_s let the next new call forget the record
+            # at once, and the shell dropped its result with its follow before the connection's
+            # sender took it (tests/test_answer_follow.py found it).
+            self.records.touch(record, self._now)
         call = self.calls.pop(record.call_id, None)
         if not self.calls:
             self.calls = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat

@@ -300,3 +300,17 @@ def test_a_gated_call_is_followed_by_a_subscription() -> None:
     assert kinds == ["AcceptedEvent", "ApprovalEvent", "ApprovalResolvedEvent", "ResultEvent"]
     assert fast.wire == general.wire
     assert FollowMode.ANSWER == "answer"
+
+
+def test_a_result_whose_commit_outlasts_forget_after_is_sent_before_it_is_forgotten() -> None:
+    """Its age counts from when the result goes out: the next new call does not forget the
+    record (and the shell drop its queued result with its follow) before the sender took it."""
+    for state_class in (ChatState, GeneralChatState):
+        shell = Shell(state_class, journal=True)
+        shell.step(("call", "k1", "a", "search", False))
+        shell.step(("finish",))  # its result row waits for the commit
+        shell.step(("sweep",))  # forget_after_s passes meanwhile
+        shell.step(("commit",))
+        shell.step(("call", "k2", "b", "read", False))
+        shell.take("a")
+        assert [type(e).__name__ for e in shell.wire["a"]] == ["AcceptedEvent", "ResultEvent"]
