@@ -32,6 +32,8 @@ DOC = ROOT / "docs" / "architecture.md"
 TEST_FILE = "tests/test_chat_state.py"
 KEEPER_FILE = "tests/test_chat_state_keeper.py"
 SPAWNING_FILE = "tests/test_chat_state_spawning.py"
+# The answer-only follow against the general one, through the real Followers and Outbox.
+ANSWER_FILE = "tests/test_answer_follow.py"
 MACHINE = "TestChatStateMachine"
 
 
@@ -311,6 +313,16 @@ MUTATIONS = [
         "test_a_stop_while_the_command_is_spawned_stops_it_once_the_keeper_answers[cancel-False]",
         ("s.stop_while_spawning_lost",),
         SPAWNING_FILE,
+    ),
+    Mutation(
+        "a new call is followed without a subscription only when it sends nothing but its "
+        "result (no gate)",
+        CHAT_STATE,
+        "            if not gated and self._answer_only(tool):\n",
+        "            if self._answer_only(tool):\n",
+        "test_the_answer_only_path_sends_and_journals_what_the_general_path_does",
+        (),
+        ANSWER_FILE,
     ),
     Mutation(
         "a command being spawned holds its process slot until the keeper answers",

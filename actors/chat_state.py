@@ -154,8 +154,9 @@ from toolwire.actors.tools.registry import (
     parse_args,
 )
 
-# What `_out` and `_to_advance` hold between inputs: one shared empty list instead of two per
-# chat (ten thousand idle chats). Nothing is added to them outside `handle`.
+# What `_out` and `_to_advance` hold between inputs (and `_to_advance` while an input queued
+# no turn: `_advance_after` makes its list): one shared empty list instead of two per chat (ten
+# thousand idle chats), and none made per input. Nothing is ever added to it.
 _IDLE: list[Any] = []
 
 # Where a closed chat's close row is (9.6): none (open, or no journal), queued (its
@@ -202,6 +203,9 @@ class Follower:
     resolved_events: bool = False  # approval_resolved even without stream (a turn's calls)
     detached: bool = False
     owed: int = 0  # requests on this connection waiting for the call's result
+    # Followed by `FollowMode.ANSWER` and by nothing since: the shell keeps no subscription,
+    # so the results owed go out as `Send`.
+    answer_only: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -383,17 +387,6 @@ class _ReplyBook:
                 self.woken[reply.seq] = reply
 
 
-def _stoppable(tool: ToolDef) -> bool:
-    """A wait a cancel can end (`process_output`, `process_input`), or a search (it reads
-    only, and stops between blocks of lines when told to): it runs as a task."""
-    return tool.stoppable
-
-
-def _runs_on_loop(tool: ToolDef) -> bool:
-    """Short enough to run right on the event loop, within the input that starts it."""
-    return tool.kind is ToolKind.INLINE or (tool.kind is ToolKind.PROCESS and not _stoppable(tool))
-
-
 class ChatState:
     """The state of one chat and the one place its decisions are made (module docstring)."""
 
@@ -497,7 +490,8 @@ class ChatState:
         self._wall_ms = wall_ms
         out: list[Effect] = []
         self._out = out
-        self._to_advance = []
+        if self._to_advance is not _IDLE:
+            self._to_advance = _IDLE  # left over by an input that raised
         budget = self.budget
         if budget is None:
             self._handle(event)
@@ -561,6 +555,13 @@ class ChatState:
     def _emit(self, effect: Effect) -> None:
         self._out.append(effect)
 
+    def _advance_after(self, run: TurnState) -> None:
+        """Start the turn's next segment at the end of this input (once: `run.to_advance`)."""
+        if self._to_advance is _IDLE:
+            self._to_advance = [run]
+        else:
+            self._to_advance.append(run)
+
     # -----------------------------------------------------------------------------------------
     # Requests
 
@@ -600,6 +601,12 @@ class ChatState:
             follower = self._follower(call, req.conn, stream=req.stream)
             follower.owed += 1
             first: tuple[Event, ...] = (accepted,)
+            mode = FollowMode.SUBSCRIBE
+            if not gated and self._answer_only(tool):
+                # Nothing of it but its result follows: the pair is decided here, and the shell
+                # keeps no subscription for it (`_publish` sends the result as `Send`).
+                follower.answer_only = True
+                mode = FollowMode.ANSWER
             if not gated and self._answers_at_once(tool):
                 call.held_accepted = (req.conn, accepted)
                 first = ()
@@ -610,7 +617,7 @@ class ChatState:
                     follower.stream,
                     False,
                     first,
-                    FollowMode.SUBSCRIBE,
+                    mode,
                     req.from_offset or None,
                 )
             )
@@ -637,8 +644,15 @@ class ChatState:
             self.config.journal_enabled
             and tool is not None
             and tool.read_only
-            and _runs_on_loop(tool)
+            and tool.runs_on_loop
         )
+
+    def _answer_only(self, tool: ToolDef | None) -> bool:
+        """A new call of `tool` (not gated, not a turn's) sends nothing but its `accepted` and
+        its result: it runs on the loop, so it has no output and no `started`, and it has no
+        gate to announce. Its follow needs no subscription in the shell, whose only work is
+        to send those two (whatever waits between them: a start row, a result's commit)."""
+        return tool is not None and tool.runs_on_loop
 
     def _send_held_accepted(self, call: CallState) -> None:
         """The held `accepted` goes out now: with the result, or before the reply to a later
@@ -880,7 +894,7 @@ class ChatState:
             for call_id in ask.detached:
                 self._detach(ask.conn, call_id)
         run.to_advance = True
-        self._to_advance.append(run)
+        self._advance_after(run)
 
     def _on_interrupt(self, req: InterruptRequest) -> None:
         """Cancel every unresolved call (of the chat, or of one turn); report when quiet."""
@@ -1036,6 +1050,7 @@ class ChatState:
         if follower is None:
             follower = call.followers[conn] = Follower()
         follower.detached = False  # a new request on this connection follows the call again
+        follower.answer_only = False  # its Follow subscribes (the caller sets it if not)
         follower.stream = follower.stream or stream
         return follower
 
@@ -1307,8 +1322,9 @@ class ChatState:
             call.kill_at = self._now + call.parsed.kill_after_ms / 1000
         if tool.read_only or not self.config.journal_enabled:
             # A read-only tool has no effect to protect: no start row (a crash before its
-            # result is durable leaves no trace, and a repeat runs it anew).
-            self._on_start_durable(StartDurable(record.call_id))
+            # result is durable leaves no trace, and a repeat runs it anew). Started right here,
+            # as a durable start would (no `StartDurable` input made and looked up again).
+            self._effect_may_start(record, call)
             return
         # The effect waits until the journal holds "started", so a crash can never forget a
         # call that ran (it comes back `unknown`, never runs twice).
@@ -1321,6 +1337,11 @@ class ChatState:
             return
         if not call.start_pending:
             return
+        self._effect_may_start(record, call)
+
+    def _effect_may_start(self, record: ToolCallRecord, call: CallState) -> None:
+        """The start is durable (or needs no row): the effect happens now, unless a cancel or
+        the shutdown came first."""
         if record.cancel_requested or self.shutting_down:
             # A cancel (or the agent's shutdown) came while the start was on its way to disk:
             # nothing happened.
@@ -1357,9 +1378,10 @@ class ChatState:
             call.spawning = True
             self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
-        call.stoppable = _stoppable(tool)
-        on_loop = _runs_on_loop(tool)
-        self._emit(RunTool(record.call_id, tool.name, call.parsed, on_loop, call.spec.sandbox))
+        call.stoppable = tool.stoppable
+        self._emit(
+            RunTool(record.call_id, tool.name, call.parsed, tool.runs_on_loop, call.spec.sandbox)
+        )
 
     def _check_options(self, tool: ToolDef, spec: CallSpec) -> None:
         if spec.background and spec.timeout_ms:
@@ -1942,8 +1964,8 @@ class ChatState:
             return
         self._launching.pop(record.call_id, None)
         call = self.calls.get(record.call_id)
-        if call is not None:
-            self._turn_slot_freed(record, call)
+        if call is not None and (call.turn is not None or record.turn_id is not None):
+            self._turn_slot_freed(record, call)  # a turn's call: its slot, or its place waiting
         # The age of a record counts from its end too: a call that ran longer than
         # forget_after_s must not be forgotten (and run again on a retry) the moment it ends.
         self.records.touch(record, self._now)
@@ -1985,6 +2007,12 @@ class ChatState:
         result = record.result
         assert result is not None
         self.records.publish(record)
+        if record.touched_at < self._now:
+            # Its result waited (for its commit): its age counts from now, when it goes out.
+            # Else a commit slower than forget_after_s let the next new call forget the record
+            # at once, and the shell dropped its result with its follow before the connection's
+            # sender took it (tests/test_answer_follow.py found it).
+            self.records.touch(record, self._now)
         call = self.calls.pop(record.call_id, None)
         if not self.calls:
             self.calls = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat
@@ -1992,8 +2020,12 @@ class ChatState:
         if call is not None:
             self._send_held_accepted(call)
             for conn, follower in call.followers.items():
-                for _ in range(follower.owed):
-                    self._emit(SendResult(conn, record.call_id, event))
+                if follower.answer_only:  # no subscription: nothing to send it after
+                    for _ in range(follower.owed):
+                        self._emit(Send(conn, event))
+                else:
+                    for _ in range(follower.owed):
+                        self._emit(SendResult(conn, record.call_id, event))
                 follower.owed = 0
         self._emit(CallEnded(record.call_id, result))
         if self.config.journal_keeps_results and not unsaved:
@@ -2007,7 +2039,7 @@ class ChatState:
                 # all before the turn's next segment could start any of them.
                 if not run.to_advance:
                     run.to_advance = True
-                    self._to_advance.append(run)
+                    self._advance_after(run)
         self._wake_replies(record.call_id)
 
     def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:

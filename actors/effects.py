@@ -403,6 +403,10 @@ class FollowMode:
     SUBSCRIBE = "subscribe"  # follow its events; the cursor stays (a new call, a turn's call)
     LIVE = "live"  # a request that waits for the result: stream the output it owes
     REPLAY = "replay"  # the call ended: its result (and retained output) comes as a replay
+    # A new call that sends nothing but its `accepted` and its result (a tool run on the loop,
+    # no gate, no turn): no output, no `started`, no approval events. The shell queues the
+    # events and keeps no subscription; the result comes as a `Send`, not a `SendResult`.
+    ANSWER = "answer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,10 +416,11 @@ class Follow:
     follow of a new call starts at `from_offset`, if given: PROTOCOL.md 10.2); LIVE places the
     output cursor at `from_offset` (with `rewind_only`: only if that is earlier than where it
     is, since an earlier request on this connection still owes the output in between, PROTOCOL.md
-    9.9) and sends `started`; REPLAY marks a replay as queued (its `SendReplay` follows) and
-    leaves the live follow as it is. `stream` and `resolved_events` (LIVE and SUBSCRIBE) are how
-    the connection follows from now on, as ChatState decided them: the shell stores them as
-    they are."""
+    9.9) and sends `started`; ANSWER only queues the events (the call will send nothing but
+    its result, which comes as a `Send`: no subscription is kept); REPLAY marks a replay as
+    queued (its `SendReplay` follows) and leaves the live follow as it is. `stream` and
+    `resolved_events` (LIVE and SUBSCRIBE) are how the connection follows from now on, as
+    ChatState decided them: the shell stores them as they are."""
 
     conn: Conn
     call_id: str

@@ -73,6 +73,12 @@ class Followers:
         cursor goes (PROTOCOL.md 9.9: `rewind_only`), whether a replay is queued."""
         outbox = effect.conn
         assert isinstance(outbox, Outbox)
+        if effect.mode is FollowMode.ANSWER:
+            # A new call that sends nothing but its result (a `Send`): no subscription, so
+            # nothing of it is kept here, and nothing to release when it ends.
+            for event in effect.events:
+                outbox.put(event)
+            return
         io = self._io_for(effect.call_id)
         sub = self._subscribe(outbox, effect.call_id, io)
         if effect.mode is not FollowMode.REPLAY:

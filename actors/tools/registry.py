@@ -19,7 +19,7 @@ import enum
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar
 
 import msgspec
@@ -143,33 +143,39 @@ class ToolDef:
     effect: Effect
     description: str  # for a model (10.3): what, when, what it returns, its limits
 
-    @property
-    def kind(self) -> ToolKind:
+    # Derived from `run` and `effect` once, when the entry is made: ChatState asks them
+    # several times on every call (a property ran its `match` five times a trivial call).
+    kind: ToolKind = field(init=False)
+    # A wait a cancel can end (`process_output`, `process_input`), or file work that stops
+    # when told to (a search): it runs as a task, and a cancel ends it `canceled`.
+    stoppable: bool = field(init=False)
+    # Changes nothing outside the agent: no start row is journaled before it runs (there is
+    # no effect a crash could forget); its result is journaled before its reply like any
+    # other.
+    read_only: bool = field(init=False)
+    # Short enough to run right on the event loop, within the input that starts it.
+    runs_on_loop: bool = field(init=False)
+
+    def __post_init__(self) -> None:
         match self.run:
             case OnLoop():
-                return ToolKind.INLINE
+                kind = ToolKind.INLINE
             case OnThread() | StoppableOnThread():
-                return ToolKind.THREAD
+                kind = ToolKind.THREAD
             case ProcessOp():
-                return ToolKind.PROCESS
+                kind = ToolKind.PROCESS
             case Spawns():
-                return ToolKind.EXECUTE
-
-    @property
-    def stoppable(self) -> bool:
-        """A wait a cancel can end (`process_output`, `process_input`), or file work that stops
-        when told to (a search): it runs as a task, and a cancel ends it `canceled`."""
-        return isinstance(self.run, StoppableOnThread) or self.run in (
+                kind = ToolKind.EXECUTE
+        stoppable = isinstance(self.run, StoppableOnThread) or self.run in (
             ProcessOp.OUTPUT,
             ProcessOp.INPUT,
         )
-
-    @property
-    def read_only(self) -> bool:
-        """Changes nothing outside the agent: no start row is journaled before it runs (there
-        is no effect a crash could forget); its result is journaled before its reply like any
-        other."""
-        return self.effect == "read"
+        on_loop = kind is ToolKind.INLINE or (kind is ToolKind.PROCESS and not stoppable)
+        # (Frozen: the derived fields are set the way dataclasses' own __init__ sets fields.)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "stoppable", stoppable)
+        object.__setattr__(self, "read_only", self.effect == "read")
+        object.__setattr__(self, "runs_on_loop", on_loop)
 
 
 def tool_def(
