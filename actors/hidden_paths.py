@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -124,10 +125,19 @@ def visible_cover(root: str, hidden: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+# A directory's mtime this recent may still be the one a change made after it was read gives it
+# too: a file system stamps changes with a coarse clock (a few ms on Linux's, 1 s on ext3 and
+# HFS+, 2 s on FAT), so an entry made within the same tick as the last change leaves the mtime
+# as it was. A cover listed while a stamp is this young is not kept (as git re-checks a file
+# whose mtime is not older than its index: "racy git").
+RACY_MTIME_NS: Final = 2_000_000_000
+
+
 @dataclass
 class CoverCache:
     """`visible_cover` made again only when a directory it listed changed (its mtime): a
-    sandboxed spawn then costs a few stats, not a walk of the directories on the way."""
+    sandboxed spawn then costs a few stats, not a walk of the directories on the way. One made
+    while a directory's mtime was younger than `RACY_MTIME_NS` is made again next time."""
 
     _entries: dict[tuple[str, tuple[str, ...]], tuple[tuple[int, ...], tuple[str, ...]]] = field(
         default_factory=dict
@@ -135,12 +145,16 @@ class CoverCache:
 
     def cover(self, root: str, hidden: tuple[str, ...]) -> tuple[str, ...]:
         key = (root, hidden)
+        now = time.time_ns()
         stamps = _stamps(root, hidden)
         cached = self._entries.get(key)
         if cached is not None and cached[0] == stamps:
             return cached[1]
         made = visible_cover(root, hidden)
-        self._entries[key] = (stamps, made)
+        if all(now - stamp > RACY_MTIME_NS for stamp in stamps):
+            self._entries[key] = (stamps, made)
+        else:
+            self._entries.pop(key, None)  # a change may share its stamp: list it again
         return made
 
 

@@ -38,7 +38,8 @@ MAX_MADE_CONFINEMENTS: Final = 64
 class _Made:
     """A confinement, with the covers (`CoverCache` results) it was made of: still valid
     while the cache hands back the very same tuples (it makes new ones when a directory on the
-    way to a hidden path changed)."""
+    way to a hidden path changed), or equal ones (made again while a stamp was too young to
+    trust: `RACY_MTIME_NS`)."""
 
     covers: tuple[tuple[str, ...], ...]
     visible: tuple[str, ...] | None
@@ -48,9 +49,9 @@ class _Made:
         self, covers: tuple[tuple[str, ...], ...], visible: tuple[str, ...] | None
     ) -> bool:
         return (
-            visible is self.visible
+            (visible is self.visible or visible == self.visible)
             and len(covers) == len(self.covers)
-            and all(new is old for new, old in zip(covers, self.covers, strict=True))
+            and all(new is old or new == old for new, old in zip(covers, self.covers, strict=True))
         )
 
 

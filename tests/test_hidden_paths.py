@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
 from toolwire.actors.hidden_paths import (
+    RACY_MTIME_NS,
     TEXT_HIDDEN,
     CoverCache,
     HiddenPaths,
@@ -245,6 +247,8 @@ def test_the_cover_holds_everything_but_the_hidden(tmp_path: Path, tree: Any, pi
 def test_the_cover_is_made_again_when_a_directory_on_the_way_changes(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "old").write_text("o")
+    old = time.time_ns() - 10 * RACY_MTIME_NS  # a stamp old enough to be trusted
+    os.utime(tmp_path, ns=(old, old))
     cache = CoverCache()
     root, hidden = os.path.realpath(tmp_path), (os.path.realpath(tmp_path / "state"),)
     first = cache.cover(root, hidden)
@@ -292,6 +296,47 @@ def test_a_confinement_is_made_once_and_again_when_a_directory_on_the_way_change
     assert new in {path for path, _ in again.ruleset.rules}
     assert new not in {path for path, _ in first.ruleset.rules}
     assert enforcement.confinement(policy, str(ws), hidden=hidden) is again
+
+
+def test_a_cover_is_kept_once_its_directories_are_old_enough(tmp_path: Path) -> None:
+    """Stamps older than `RACY_MTIME_NS`: the second spawn gets the very cover the first made
+    (a few stats, no walk)."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "other").mkdir()
+    old = time.time_ns() - 10 * RACY_MTIME_NS
+    os.utime(tmp_path, ns=(old, old))
+    cache = CoverCache()
+    hidden = (str(tmp_path / "state"),)
+    first = cache.cover(str(tmp_path), hidden)
+    assert first == (str(tmp_path / "other"),)
+    assert cache.cover(str(tmp_path), hidden) is first
+
+
+@needs_landlock
+def test_a_file_made_within_its_directorys_mtime_tick_is_in_the_next_cover(
+    tmp_path: Path,
+) -> None:
+    """A file system stamps a change with a coarse clock, so a file made within the tick of
+    the directory's last change leaves its mtime as it was (here: set back by hand, as such a
+    tick would leave it). A cover made while that stamp was young is not trusted: the next
+    sandboxed spawn lists the directory again, and the new file is among its rules (a command
+    can reach it), where a cover kept by its stamp would have left it out."""
+    ws, temp = tmp_path / "ws", tmp_path / "tmp"
+    (ws / "state").mkdir(parents=True)
+    temp.mkdir()
+    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
+    hidden = HiddenPaths.of([ws / "state"])
+    policy = SandboxPolicy(filesystem="workspace_write", network=True)
+    stamp = time.time_ns()
+    os.utime(ws, ns=(stamp, stamp))
+    first = enforcement.confinement(policy, str(ws), hidden=hidden)
+    (ws / "new").write_text("n")
+    os.utime(ws, ns=(stamp, stamp))  # the same tick: the directory's stamp did not move
+    again = enforcement.confinement(policy, str(ws), hidden=hidden)
+    assert first is not None and again is not None
+    new = os.path.realpath(ws / "new")
+    assert new not in {path for path, _ in first.ruleset.rules}
+    assert new in {path for path, _ in again.ruleset.rules}
 
 
 @needs_landlock
