@@ -126,18 +126,29 @@ def visible_cover(root: str, hidden: tuple[str, ...]) -> tuple[str, ...]:
 
 
 # A directory's mtime this recent may still be the one a change made after it was read gives it
-# too: a file system stamps changes with a coarse clock (a few ms on Linux's, 1 s on ext3 and
-# HFS+, 2 s on FAT), so an entry made within the same tick as the last change leaves the mtime
-# as it was. A cover listed while a stamp is this young is not kept (as git re-checks a file
-# whose mtime is not older than its index: "racy git").
-RACY_MTIME_NS: Final = 2_000_000_000
+# too: a file system stamps changes with a coarse clock, so an entry made within the same tick
+# as the last change leaves the mtime as it was. A cover listed while a stamp is this young is
+# not kept (as git re-checks a file whose mtime is not older than its index: "racy git"). The
+# tick is the kernel's coarse clock (a few ms) on file systems with nanosecond stamps, and 1 or
+# 2 s on those without (ext3, HFS+, FAT), whose stamps are whole seconds: such a stamp gets the
+# longer wait (a whole second from a fine clock is rare, and then costs a walk for 2 s).
+RACY_MTIME_NS: Final = 50_000_000
+RACY_WHOLE_SECOND_MTIME_NS: Final = 2_000_000_000
+
+
+def _trusted(stamp: int, now: int) -> bool:
+    """`stamp` (a directory's st_mtime_ns, read after `now`) is old enough that a change
+    after the directory was read has moved it."""
+    young = RACY_WHOLE_SECOND_MTIME_NS if stamp % 1_000_000_000 == 0 else RACY_MTIME_NS
+    return now - stamp > young
 
 
 @dataclass
 class CoverCache:
     """`visible_cover` made again only when a directory it listed changed (its mtime): a
     sandboxed spawn then costs a few stats, not a walk of the directories on the way. One made
-    while a directory's mtime was younger than `RACY_MTIME_NS` is made again next time."""
+    while a directory's mtime was too young to be trusted (`RACY_MTIME_NS`) is made again
+    next time."""
 
     _entries: dict[tuple[str, tuple[str, ...]], tuple[tuple[int, ...], tuple[str, ...]]] = field(
         default_factory=dict
@@ -151,7 +162,7 @@ class CoverCache:
         if cached is not None and cached[0] == stamps:
             return cached[1]
         made = visible_cover(root, hidden)
-        if all(now - stamp > RACY_MTIME_NS for stamp in stamps):
+        if all(_trusted(stamp, now) for stamp in stamps):
             self._entries[key] = (stamps, made)
         else:
             self._entries.pop(key, None)  # a change may share its stamp: list it again

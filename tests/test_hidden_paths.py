@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
 from toolwire.actors.hidden_paths import (
-    RACY_MTIME_NS,
+    RACY_WHOLE_SECOND_MTIME_NS,
     TEXT_HIDDEN,
     CoverCache,
     HiddenPaths,
@@ -247,7 +247,7 @@ def test_the_cover_holds_everything_but_the_hidden(tmp_path: Path, tree: Any, pi
 def test_the_cover_is_made_again_when_a_directory_on_the_way_changes(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "old").write_text("o")
-    old = time.time_ns() - 10 * RACY_MTIME_NS  # a stamp old enough to be trusted
+    old = time.time_ns() - 10 * RACY_WHOLE_SECOND_MTIME_NS  # a stamp old enough to be trusted
     os.utime(tmp_path, ns=(old, old))
     cache = CoverCache()
     root, hidden = os.path.realpath(tmp_path), (os.path.realpath(tmp_path / "state"),)
@@ -299,11 +299,11 @@ def test_a_confinement_is_made_once_and_again_when_a_directory_on_the_way_change
 
 
 def test_a_cover_is_kept_once_its_directories_are_old_enough(tmp_path: Path) -> None:
-    """Stamps older than `RACY_MTIME_NS`: the second spawn gets the very cover the first made
+    """Stamps old enough to trust: the second spawn gets the very cover the first made
     (a few stats, no walk)."""
     (tmp_path / "state").mkdir()
     (tmp_path / "other").mkdir()
-    old = time.time_ns() - 10 * RACY_MTIME_NS
+    old = time.time_ns() - 10 * RACY_WHOLE_SECOND_MTIME_NS
     os.utime(tmp_path, ns=(old, old))
     cache = CoverCache()
     hidden = (str(tmp_path / "state"),)
@@ -317,8 +317,8 @@ def test_a_file_made_within_its_directorys_mtime_tick_is_in_the_next_cover(
     tmp_path: Path,
 ) -> None:
     """A file system stamps a change with a coarse clock, so a file made within the tick of
-    the directory's last change leaves its mtime as it was (here: set back by hand, as such a
-    tick would leave it). A cover made while that stamp was young is not trusted: the next
+    the directory's last change leaves its mtime as it was (here: set back by hand, as a tick
+    of 1 s would leave it). A cover made while that stamp was young is not trusted: the next
     sandboxed spawn lists the directory again, and the new file is among its rules (a command
     can reach it), where a cover kept by its stamp would have left it out."""
     ws, temp = tmp_path / "ws", tmp_path / "tmp"
@@ -327,7 +327,9 @@ def test_a_file_made_within_its_directorys_mtime_tick_is_in_the_next_cover(
     enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
     hidden = HiddenPaths.of([ws / "state"])
     policy = SandboxPolicy(filesystem="workspace_write", network=True)
-    stamp = time.time_ns()
+    # Whole seconds, as a file system of 1 s stamps gives them (the next one: a margin of at
+    # least 2 s however slow this machine is between here and the second spawn).
+    stamp = (time.time_ns() // 1_000_000_000 + 1) * 1_000_000_000
     os.utime(ws, ns=(stamp, stamp))
     first = enforcement.confinement(policy, str(ws), hidden=hidden)
     (ws / "new").write_text("n")
