@@ -13,6 +13,7 @@ import trio
 
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
+from toolwire.actors.kept import KeptProcess
 
 
 @asynccontextmanager
@@ -54,3 +55,24 @@ async def gone(pid: int) -> None:
             await trio.lowlevel.wait_readable(fd)
     finally:
         os.close(fd)
+
+
+class SpawnAnswer:
+    """The keeper's answer to one spawn (`kept.SpawnWaiter`), for tests that spawn through
+    `KeptProcessBackend.start_spawn` as the agent does."""
+
+    def __init__(self) -> None:
+        self.came = trio.Event()
+        self.handle: KeptProcess | None = None
+        self.error: OSError | None = None
+
+    def spawned(self, handle: KeptProcess) -> None:
+        self.handle = handle
+        self.came.set()
+
+    def spawn_failed(self, error: OSError) -> None:
+        self.error = error
+        self.came.set()
+
+    def spawn_unanswered(self, error: OSError) -> None:
+        self.spawn_failed(error)

@@ -271,6 +271,22 @@ def test_hidden_paths_resolve_links_and_know_the_files_by_identity(tmp_path: Pat
         os.close(fd)
 
 
+def _workspace_holding_the_state(
+    tmp_path: Path,
+) -> tuple[Path, Enforcement, HiddenPaths, SandboxPolicy]:
+    """A workspace with the agent's state dir inside it, hidden, under `workspace_write`."""
+    ws, temp = tmp_path / "ws", tmp_path / "tmp"
+    (ws / "state").mkdir(parents=True)
+    temp.mkdir()
+    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
+    return (
+        ws,
+        enforcement,
+        HiddenPaths.of([ws / "state"]),
+        SandboxPolicy(filesystem="workspace_write", network=True),
+    )
+
+
 @needs_landlock
 def test_a_confinement_is_made_once_and_again_when_a_directory_on_the_way_changes(
     tmp_path: Path,
@@ -278,12 +294,7 @@ def test_a_confinement_is_made_once_and_again_when_a_directory_on_the_way_change
     """Each sandboxed spawn asks for its confinement; the same one comes back (the keeper's
     client tells the keeper each once) until a directory on the way to a hidden path changes,
     and then one that covers what is new."""
-    ws, temp = tmp_path / "ws", tmp_path / "tmp"
-    (ws / "state").mkdir(parents=True)
-    temp.mkdir()
-    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
-    hidden = HiddenPaths.of([ws / "state"])
-    policy = SandboxPolicy(filesystem="workspace_write", network=True)
+    ws, enforcement, hidden, policy = _workspace_holding_the_state(tmp_path)
     first = enforcement.confinement(policy, str(ws), hidden=hidden)
     assert first is not None
     assert enforcement.confinement(policy, str(ws), hidden=hidden) is first
@@ -321,12 +332,7 @@ def test_a_file_made_within_its_directorys_mtime_tick_is_in_the_next_cover(
     of 1 s would leave it). A cover made while that stamp was young is not trusted: the next
     sandboxed spawn lists the directory again, and the new file is among its rules (a command
     can reach it), where a cover kept by its stamp would have left it out."""
-    ws, temp = tmp_path / "ws", tmp_path / "tmp"
-    (ws / "state").mkdir(parents=True)
-    temp.mkdir()
-    enforcement = Enforcement(ENFORCED.landlock, temp_dir=str(temp))
-    hidden = HiddenPaths.of([ws / "state"])
-    policy = SandboxPolicy(filesystem="workspace_write", network=True)
+    ws, enforcement, hidden, policy = _workspace_holding_the_state(tmp_path)
     # Whole seconds, as a file system of 1 s stamps gives them (the next one: a margin of at
     # least 2 s however slow this machine is between here and the second spawn).
     stamp = (time.time_ns() // 1_000_000_000 + 1) * 1_000_000_000

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import trio
 
+from tests.keeper_support import SpawnAnswer
 from toolwire.actors.keeper import Keeper
 from toolwire.actors.kept import (
     KeeperClient,
     KeepInfo,
-    KeptProcess,
     KeptProcessBackend,
 )
 from toolwire.actors.sandbox import Confinement, Enforcement
@@ -107,30 +107,10 @@ def _thread_held(here: _Here) -> Iterator[None]:
         holder.join()
 
 
-class _Answer:
-    """The keeper's answer to one spawn (`kept.SpawnWaiter`)."""
-
-    def __init__(self) -> None:
-        self.came = trio.Event()
-        self.handle: KeptProcess | None = None
-        self.error: OSError | None = None
-
-    def spawned(self, handle: KeptProcess) -> None:
-        self.handle = handle
-        self.came.set()
-
-    def spawn_failed(self, error: OSError) -> None:
-        self.error = error
-        self.came.set()
-
-    def spawn_unanswered(self, error: OSError) -> None:
-        self.spawn_failed(error)
-
-
 def _spawn(
     here: _Here, call_id: str, argv: list[str], *, confined: bool, cwd: str | None = None
-) -> _Answer:
-    answer = _Answer()
+) -> SpawnAnswer:
+    answer = SpawnAnswer()
     here.backend.start_spawn(
         argv,
         cwd if cwd is not None else str(here.workspace),
@@ -142,7 +122,7 @@ def _spawn(
     return answer
 
 
-async def _exit_code(answer: _Answer) -> int | None:
+async def _exit_code(answer: SpawnAnswer) -> int | None:
     """Wait for the spawn's answer, then its output's end and its exit."""
     with trio.fail_after(20):
         await answer.came.wait()
@@ -156,7 +136,7 @@ async def _exit_code(answer: _Answer) -> int | None:
     return status.exit_code
 
 
-async def _failure(answer: _Answer) -> OSError:
+async def _failure(answer: SpawnAnswer) -> OSError:
     with trio.fail_after(20):
         await answer.came.wait()
     assert answer.handle is None, "it should have been refused"

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from toolwire.actors.kept import KeeperClient, KeepInfo, KeptProcess, KeptProcessBackend
+from tests.keeper_support import SpawnAnswer
+from toolwire.actors.kept import KeeperClient, KeepInfo, KeptProcessBackend
 from toolwire.actors.sandbox import Confinement, Enforcement
 from toolwire.actors.sandbox_policy import SandboxPolicy
 
@@ -41,31 +42,11 @@ async def _keeper(state: Path) -> AsyncIterator[KeptProcessBackend]:
         backend.client.close()
 
 
-class _Answer:
-    """The keeper's answer to one spawn (`kept.SpawnWaiter`)."""
-
-    def __init__(self) -> None:
-        self.came = trio.Event()
-        self.handle: KeptProcess | None = None
-        self.error: OSError | None = None
-
-    def spawned(self, handle: KeptProcess) -> None:
-        self.handle = handle
-        self.came.set()
-
-    def spawn_failed(self, error: OSError) -> None:
-        self.error = error
-        self.came.set()
-
-    def spawn_unanswered(self, error: OSError) -> None:
-        self.spawn_failed(error)
-
-
 async def _run(
     backend: KeptProcessBackend, call_id: str, command: str, cwd: Path, confinement: Confinement
 ) -> int | None:
     """Spawn `command` confined, wait for its exit, and return its exit code."""
-    answer = _Answer()
+    answer = SpawnAnswer()
     backend.start_spawn(
         ["/bin/sh", "-c", command],
         str(cwd),
