@@ -76,3 +76,16 @@ class SpawnAnswer:
 
     def spawn_unanswered(self, error: OSError) -> None:
         self.spawn_failed(error)
+
+    async def exit_code(self) -> int | None:
+        """Wait for the answer, then the output's end and the exit; the exit code."""
+        with trio.fail_after(20):
+            await self.came.wait()
+            handle = self.handle
+            assert handle is not None, self.error
+            while await handle.read_some():
+                pass
+            status = await handle.wait()
+        handle.close()
+        handle.release()
+        return status.exit_code

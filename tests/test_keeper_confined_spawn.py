@@ -122,20 +122,6 @@ def _spawn(
     return answer
 
 
-async def _exit_code(answer: SpawnAnswer) -> int | None:
-    """Wait for the spawn's answer, then its output's end and its exit."""
-    with trio.fail_after(20):
-        await answer.came.wait()
-        handle = answer.handle
-        assert handle is not None, answer.error
-        while await handle.read_some():
-            pass
-        status = await handle.wait()
-    handle.close()
-    handle.release()
-    return status.exit_code
-
-
 async def _failure(answer: SpawnAnswer) -> OSError:
     with trio.fail_after(20):
         await answer.came.wait()
@@ -183,14 +169,14 @@ async def test_other_requests_are_answered_while_a_sandboxed_spawn_waits_for_its
     tmp_path: Path,
 ) -> None:
     async with _keeper_here(tmp_path) as here:
-        assert await _exit_code(_spawn(here, "warm", ["/bin/true"], confined=True)) == 0
+        assert await _spawn(here, "warm", ["/bin/true"], confined=True).exit_code() == 0
         with _thread_held(here):
             confined = _spawn(here, "confined", ["/bin/sh", "-c", "exit 3"], confined=True)
             # An unconfined command runs to its end, and a ping is answered, meanwhile.
-            assert await _exit_code(_spawn(here, "plain", ["/bin/true"], confined=False)) == 0
+            assert await _spawn(here, "plain", ["/bin/true"], confined=False).exit_code() == 0
             await _ping(here)
             assert not confined.came.is_set()
-        assert await _exit_code(confined) == 3
+        assert await confined.exit_code() == 3
 
 
 async def test_a_second_spawn_of_a_key_whose_spawn_is_pending_is_refused_at_once(
@@ -202,7 +188,7 @@ async def test_a_second_spawn_of_a_key_whose_spawn_is_pending_is_refused_at_once
             error = await _failure(_spawn(here, "same", ["/bin/true"], confined=False))
             assert error.errno == errno.EEXIST
             assert not first.came.is_set()
-        assert await _exit_code(first) == 0
+        assert await first.exit_code() == 0
 
 
 async def test_a_spawn_pending_when_its_agent_goes_is_held_for_the_next_agent(
@@ -283,4 +269,4 @@ async def test_what_the_confined_thread_raises_is_answered_as_an_error(tmp_path:
         assert "keeper error" in broken.reply["error"]
         # Nothing of those is held, and the keeper goes on spawning confined.
         assert here.keeper.held.keys() == set()
-        assert await _exit_code(_spawn(here, "after", ["/bin/true"], confined=True)) == 0
+        assert await _spawn(here, "after", ["/bin/true"], confined=True).exit_code() == 0

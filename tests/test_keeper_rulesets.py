@@ -55,15 +55,7 @@ async def _run(
         confinement=confinement,
         keep=KeepInfo("chat", call_id, {"command": command}, 0),
     )
-    with trio.fail_after(20):
-        await answer.came.wait()
-        handle = answer.handle
-        assert handle is not None, answer.error
-        while await handle.read_some():
-            pass
-        status = await handle.wait()
-    handle.close()
-    return status.exit_code
+    return await answer.exit_code()
 
 
 def _enforcement(tmp_path: Path) -> Enforcement:
