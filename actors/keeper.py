@@ -289,12 +289,13 @@ class Keeper:
         self._tell({"rid": message.get("rid"), "protocol": KEEPER_PROTOCOL})
 
     def _drop_conn(self) -> None:
+        """No agent from now on (its connection failed, went or was replaced); also for what
+        was attached for an agent since it went (a reply made with no connection)."""
         conn, self.conn = self.conn, None
-        if conn is None:
-            return
-        self.selector.unregister(conn)
-        conn.close()
-        self.rulesets.clear()  # told on that connection, and named by its spawns only
+        if conn is not None:
+            self.selector.unregister(conn)
+            conn.close()
+            self.rulesets.clear()  # told on that connection, and named by its spawns only
         # Its output sockets die with it (the agent held their other ends): only recorded now.
         for held in self.held.values():
             self._stop_forwarding(held)
@@ -348,6 +349,9 @@ class Keeper:
     def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         conn = self.conn
         if conn is None:
+            # Nobody to tell: what was attached for the message (a spawn's output socket)
+            # goes as it would had the send failed.
+            self._drop_conn()
             return
         data = _encoder.encode(message)
         for attempt in range(2):
@@ -493,9 +497,6 @@ class Keeper:
                     self._unasked(spawning, pid)
                     continue
                 reply, fds = self._spawned(spawning, pid, error)
-                held = self.held.get(spawning.key)
-                if self.conn is None and held is not None:
-                    self._stop_forwarding(held)  # as `_drop_conn` leaves every held process
             except Exception as exc:
                 log.exception("a spawn could not be carried out")
                 reply = {"rid": spawning.rid, "errno": errno.EIO, "error": f"keeper error: {exc}"}
