@@ -16,9 +16,9 @@ p99 of 46 ms during 16 MiB edits). Measured for a message of 16 MiB here:
   (`args_fingerprint_in_pieces`), so the GIL is held for one piece's encoding at a time, and
   goes to the chat with the call (`CallSpec.args_fingerprint`), which then does not compute it.
 
-These steps run for one big message at a time, agent-wide (`ONE_BIG_MESSAGE`, and
-`PREPARING_THREADS` for the join, which comes before): more at once would not go faster, and
-each holds the loop or the GIL in turns with every other chat.
+These steps, and the join before them, run for one big message at a time, agent-wide
+(`ONE_BIG_MESSAGE`): more at once would not go faster, and each holds the loop or the GIL in
+turns with every other chat.
 
 A connection's messages stay in order: its reader awaits these steps before it reads on, while
 every other connection's reader and every chat go on. Below `BIG_MESSAGE_BYTES` a message is
@@ -56,8 +56,6 @@ BIG_MESSAGE_BYTES = 1024 * 1024
 # 41-324 ms with the threads alone gated (4 runs each), and never above 20 ms in the quietest
 # round. More at once would not go faster: one loop, one GIL.
 ONE_BIG_MESSAGE = trio.Lock()
-# The join, which comes before `prepare`, and the fingerprint: one worker thread at a time.
-PREPARING_THREADS = trio.CapacityLimiter(1)
 
 
 @dataclass(frozen=True)
@@ -72,9 +70,10 @@ class PreparedMessage:
 
 
 async def join_parts(parts: list[bytes]) -> bytes:
-    """`b"".join(parts)` on a worker thread (`PREPARING_THREADS`): the copy runs without the
-    GIL."""
-    return await trio.to_thread.run_sync(b"".join, parts, limiter=PREPARING_THREADS)
+    """`b"".join(parts)` on a worker thread, after the big messages that came first
+    (`ONE_BIG_MESSAGE`): the copy runs without the GIL."""
+    async with ONE_BIG_MESSAGE:
+        return await trio.to_thread.run_sync(b"".join, parts)
 
 
 async def prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
@@ -95,9 +94,7 @@ async def _prepare(codec: Codec, frame: str | bytes) -> PreparedMessage:
         return PreparedMessage(None, exc)
     if isinstance(message, protocol.Call | protocol.Turn):
         await trio.lowlevel.checkpoint()  # the decode was one step: let the loop run
-        fingerprints = await trio.to_thread.run_sync(
-            _fingerprints, message, limiter=PREPARING_THREADS
-        )
+        fingerprints = await trio.to_thread.run_sync(_fingerprints, message)
         return PreparedMessage(message, None, fingerprints)
     return PreparedMessage(message, None)
 
