@@ -13,7 +13,7 @@ import trio
 
 from tests.test_serve import ServeProcess, serve
 from tests.wsclient import RawConn, connect
-from toolwire.actors.kept import KeptProcess
+from toolwire.actors.kept import KeeperClient, KeptProcess, KeptProcessBackend
 
 
 @asynccontextmanager
@@ -55,6 +55,22 @@ async def gone(pid: int) -> None:
             await trio.lowlevel.wait_readable(fd)
     finally:
         os.close(fd)
+
+
+@asynccontextmanager
+async def kept_backend(state: Path) -> AsyncIterator[KeptProcessBackend]:
+    """The agent's side of the keeper of state dir `state` (started if none runs), running as
+    the agent runs it: its client's reader in a nursery of its own; closed at the end."""
+    client = KeeperClient.connect_or_start(str(state))
+    backend = KeptProcessBackend(client, 1 << 20)
+    try:
+        async with trio.open_nursery() as nursery:
+            client.nursery = backend.nursery = nursery  # as the agent's run sets them
+            nursery.start_soon(client.run)
+            yield backend
+            nursery.cancel_scope.cancel()
+    finally:
+        backend.client.close()
 
 
 class SpawnAnswer:

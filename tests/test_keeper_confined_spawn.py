@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.keeper_support import SpawnAnswer
+from tests.keeper_support import SpawnAnswer, kept_backend
 from toolwire.actors.keeper import Keeper
 from toolwire.actors.kept import (
     KeeperClient,
@@ -68,16 +68,10 @@ async def _keeper_here(tmp_path: Path) -> AsyncIterator[_Here]:
         SandboxPolicy(filesystem="workspace_write"), str(ws)
     )
     assert confinement is not None
-    client = KeeperClient.connect_or_start(str(state))
-    backend = KeptProcessBackend(client, 1 << 20)
     try:
-        async with trio.open_nursery() as nursery:
-            client.nursery = backend.nursery = nursery  # as the agent's run sets them
-            nursery.start_soon(client.run)
+        async with kept_backend(state) as backend:
             yield _Here(keeper, loop, backend, confinement, ws)
-            nursery.cancel_scope.cancel()
     finally:
-        backend.client.close()
         with trio.fail_after(20):
             await trio.to_thread.run_sync(loop.join)  # no agent, nothing held: it ends
         keeper.close()

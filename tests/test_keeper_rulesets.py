@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import trio
 
-from tests.keeper_support import SpawnAnswer
+from tests.keeper_support import SpawnAnswer, kept_backend
 from toolwire.actors.kept import KeeperClient, KeepInfo, KeptProcessBackend
 from toolwire.actors.sandbox import Confinement, Enforcement
 from toolwire.actors.sandbox_policy import SandboxPolicy
@@ -26,20 +23,6 @@ PROBED = Enforcement.probe()
 needs_landlock = pytest.mark.skipif(
     not PROBED.filesystem, reason="this kernel has no Landlock filesystem rules"
 )
-
-
-@asynccontextmanager
-async def _keeper(state: Path) -> AsyncIterator[KeptProcessBackend]:
-    client = KeeperClient.connect_or_start(str(state))
-    backend = KeptProcessBackend(client, 1 << 20)
-    try:
-        async with trio.open_nursery() as nursery:
-            client.nursery = backend.nursery = nursery  # as the agent's run sets them
-            nursery.start_soon(client.run)
-            yield backend
-            nursery.cancel_scope.cancel()
-    finally:
-        backend.client.close()
 
 
 async def _run(
@@ -85,7 +68,7 @@ def _write_both(ws: Path, outside: Path, n: int) -> str:
 @needs_landlock
 async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
     ws, outside, confinement = _workspace_confined(tmp_path)
-    async with _keeper(tmp_path / "state") as backend:
+    async with kept_backend(tmp_path / "state") as backend:
         assert backend.client.protocol == 2
         for n in range(3):
             assert await _run(backend, f"c{n}", _write_both(ws, outside, n), ws, confinement) == 0
@@ -98,7 +81,7 @@ async def test_each_spawn_of_a_told_ruleset_is_confined(tmp_path: Path) -> None:
 @needs_landlock
 async def test_an_older_keeper_gets_the_whole_ruleset_and_still_confines(tmp_path: Path) -> None:
     ws, outside, confinement = _workspace_confined(tmp_path)
-    async with _keeper(tmp_path / "state") as backend:
+    async with kept_backend(tmp_path / "state") as backend:
         backend.client.protocol = 1  # as a keeper of the build before protocol 2 answers
         assert await _run(backend, "old", _write_both(ws, outside, 0), ws, confinement) == 0
     assert [p.name for p in ws.iterdir()] == ["in0"]
@@ -134,13 +117,13 @@ async def test_a_ruleset_number_the_connection_never_told_is_refused_and_nothing
         SandboxPolicy(filesystem="workspace_write"), str(ws)
     )
     assert confinement is not None
-    async with _keeper(tmp_path / "state") as backend:
+    async with kept_backend(tmp_path / "state") as backend:
         told = backend.client.ruleset_id(confinement)
         reply = _raw_spawn(backend.client, "never-told", f"touch {marker}", told + 1)
         assert reply["errno"] == errno.EINVAL and "bad sandbox" in str(reply["error"]), reply
         assert "pid" not in reply
     # A new connection (a restarted agent) starts with nothing told: the old number is unknown.
-    async with _keeper(tmp_path / "state") as backend:
+    async with kept_backend(tmp_path / "state") as backend:
         reply = _raw_spawn(backend.client, "told-before", f"touch {marker}", told)
         assert reply["errno"] == errno.EINVAL, reply
     assert not marker.exists()
@@ -160,7 +143,7 @@ async def test_a_forgotten_ruleset_is_told_again_under_a_new_number(tmp_path: Pa
         SandboxPolicy(filesystem="workspace_write", writable=(str(tmp_path / f"w{n}"),))
         for n in range(kept.MAX_RULESETS + 1)
     ]
-    async with _keeper(tmp_path / "state") as backend:
+    async with kept_backend(tmp_path / "state") as backend:
         enforcement = _enforcement(tmp_path)
         confinements = [enforcement.confinement(policy, str(ws)) for policy in policies]
         numbers = [backend.client.ruleset_id(c) for c in confinements if c is not None]
