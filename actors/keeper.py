@@ -15,9 +15,11 @@ What it does for each command, and nothing it was not asked for by its agent:
   confined thread of its own where the call has a sandbox (actors/confined.py): the agent
   decides the policy, the keeper applies it. The loop does not wait for that thread: it
   answers the spawn once the thread posts that the process started (`_on_spawned`);
-- reads its output and records it in `keeper_store` under 5.2's retention, always, then
-  forwards each read to the agent on a socket of that process (the agent reads it as it read
-  the pipe before). While no agent holds that socket the output is only recorded;
+- records its output in `keeper_store` under 5.2's retention, always, and forwards it to the
+  agent on a pipe of that process (the agent reads it as it read the command's pipe before):
+  duplicated into that pipe by tee(2), then spliced into the record, so the keeper copies
+  nothing itself (actors/pipe_tee.py); a terminal's output is read and written out. While no
+  agent holds that pipe the output is only recorded;
 - reaps it, records its exit status, and tells the agent, after every byte printed before
   the exit was forwarded (the result carries everything the command wrote before it exited);
 - holds its stdin pipe's write end or its terminal's master, so that a restarted agent can
@@ -67,7 +69,7 @@ from typing import Any, Final
 
 import msgspec
 
-from toolwire.actors import keeper_store, landlock
+from toolwire.actors import keeper_store, landlock, pipe_tee
 from toolwire.actors import terminal as terminals
 from toolwire.actors.confined import Completions, ConfinedThread, ConfinedThreads
 from toolwire.actors.spawn import PosixSpawner, pipe_above_stdio
@@ -88,7 +90,7 @@ SECRET_NAME: Final = "secret"
 MAX_MESSAGE_BYTES: Final = 1024 * 1024
 READ_CHUNK_BYTES: Final = 64 * 1024
 BULK_PIPE_BYTES: Final = 256 * 1024
-# The socket a process's output is forwarded on: room for a fast producer's reads.
+# The pipe a process's output is forwarded on: room for a fast producer's reads.
 FORWARD_BUFFER_BYTES: Final = 1024 * 1024
 # A keeper nobody connects to (its agent died before it connected) does not wait forever.
 FIRST_CONNECT_WAIT_S: Final = 30.0
@@ -117,13 +119,20 @@ class Held:
     input_fd: int | None  # stdin pipe's write end, or the terminal's master
     terminal: bool
     recording: keeper_store.Recording | None = None  # made right after the spawn's reply
-    forward: socket.socket | None = None  # the agent's output socket for this process
-    backlog: bytearray = field(default_factory=bytearray)
+    # The write end of the agent's output pipe for this process (the agent holds the other).
+    forward: int | None = None
+    backlog: bytearray = field(default_factory=bytearray)  # read, not yet in `forward`
+    # `forward` is watched for room (what is left of a read waits in `backlog`, or the
+    # output waits in the command's own pipe for `tee`): nothing more is read meanwhile.
+    waiting_room: bool = False
+    # Whether the output is duplicated into `forward` by tee(2) and spliced into the record
+    # (a pipe, on Linux: actors/pipe_tee.py) rather than read and written twice.
+    teeing: bool = False
     status: tuple[int | None, str | None] | None = None
     exit_sent: bool = True  # only an agent that holds the process is told of its exit
     read_bytes: int = READ_CHUNK_BYTES
     grown: bool = False
-    grown_socket: bool = False
+    grown_forward: bool = False
     reading: bool = False  # its output is registered with the selector
     # Re-adopted, until the agent read the recording: nothing is read meanwhile, so the file
     # holds exactly the bytes before the new socket's first.
@@ -296,7 +305,7 @@ class Keeper:
             self.selector.unregister(conn)
             conn.close()
             self.rulesets.clear()  # told on that connection, and named by its spawns only
-        # Its output sockets die with it (the agent held their other ends): only recorded now.
+        # Its output pipes die with it (the agent held their other ends): only recorded now.
         for held in self.held.values():
             self._stop_forwarding(held)
             held.exit_sent = True
@@ -349,7 +358,7 @@ class Keeper:
     def _tell(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         conn = self.conn
         if conn is None:
-            # Nobody to tell: what was attached for the message (a spawn's output socket)
+            # Nobody to tell: what was attached for the message (a spawn's output pipe)
             # goes as it would had the send failed.
             self._drop_conn()
             return
@@ -540,6 +549,8 @@ class Keeper:
             read_fd=read_fd,
             input_fd=input_fd,
             terminal=spawning.terminal,
+            # A terminal's master is no pipe: its output is read and written out.
+            teeing=not spawning.terminal and pipe_tee.available(),
         )
         try:
             fds, names = self._attach(held)
@@ -622,16 +633,18 @@ class Keeper:
         )
 
     def _attach(self, held: Held) -> tuple[list[int], list[str]]:
-        """A new output socket for the agent, and the agent's copies of what it needs to watch
+        """A new output pipe for the agent, and the agent's copies of what it needs to watch
         the process and type into it: the descriptors to send, and what each is."""
         self._stop_forwarding(held)
         fds: list[int] = []
         names: list[str] = []
-        mine: socket.socket | None = None
+        mine: int | None = None
         try:
             if held.read_fd is not None:
-                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                fds.append(theirs.detach())
+                # A pipe, as the command's own output is: the agent reads it as it read the
+                # command's pipe before there was a keeper, and `tee` can fill it.
+                theirs, mine = os.pipe()
+                fds.append(theirs)
                 names.append("out")
             if held.pidfd is not None:  # a process that is done needs none: its exit is known
                 fds.append(os.dup(held.pidfd))
@@ -644,11 +657,12 @@ class Keeper:
             for fd in fds:
                 os.close(fd)
             if mine is not None:
-                mine.close()
+                os.close(mine)
             raise
         if mine is not None:
-            mine.setblocking(False)
+            os.set_blocking(mine, False)
             held.forward = mine
+            held.grown_forward = False
         held.exit_sent = held.status is not None  # an exit after this is told
         return fds, names
 
@@ -684,6 +698,9 @@ class Keeper:
         fd = held.read_fd
         if fd is None:
             return
+        if held.teeing and held.forward is not None:
+            self._tee_output(held, fd)
+            return
         try:
             data = os.read(fd, held.read_bytes)
         except BlockingIOError:
@@ -700,8 +717,36 @@ class Keeper:
             self._grow(held, fd)
         self._record(held, data)
 
+    def _tee_output(self, held: Held, fd: int) -> None:
+        """What the command's pipe holds, duplicated into the agent's pipe (as much as it has
+        room for) and then moved into the record, each byte copied once, by the kernel: the
+        agent's pace is the command's, as with `_record`, but nothing waits in `backlog`
+        (what the agent's pipe has no room for yet stays in the command's)."""
+        assert held.forward is not None and held.recording is not None
+        try:
+            count = pipe_tee.tee(fd, held.forward, held.read_bytes)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                self._stop_forwarding(held)  # the agent closed its end: recorded only
+            else:
+                held.teeing = False  # no pipe to tee here after all: read and written out
+            self._on_output(held)
+            return
+        if count is None:
+            if pipe_tee.pending(fd):  # (else a wake with nothing in the pipe)
+                self._grow_forward(held)
+                self._wait_for_room(held)
+            return
+        if not count:
+            self._output_ended(held)
+            return
+        if count == held.read_bytes and not held.grown:
+            self._grow(held, fd)
+        held.recording.append_from_pipe(fd, count)
+
     def _grow(self, held: Held, fd: int) -> None:
         held.grown = True
+        self._grow_forward(held)
         try:
             size = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
             if size < BULK_PIPE_BYTES:
@@ -710,52 +755,71 @@ class Keeper:
             return
         held.read_bytes = max(held.read_bytes, size)
 
+    def _grow_forward(self, held: Held) -> None:
+        """A fast producer: room for more of it in flight to the agent (only such processes
+        pay for it; beyond the user's share of pipe memory the pipe keeps its size)."""
+        if held.grown_forward or held.forward is None:
+            return
+        held.grown_forward = True
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(held.forward, fcntl.F_SETPIPE_SZ, FORWARD_BUFFER_BYTES)
+
     def _record(self, held: Held, data: bytes) -> None:
         assert held.recording is not None
         held.recording.append(data)
-        sock = held.forward
-        if sock is None:
+        forward = held.forward
+        if forward is None:
             return
         if held.backlog:
             held.backlog += data
             return
         try:
-            sent = sock.send(data)
+            sent = os.write(forward, data)
         except BlockingIOError:
             sent = 0
         except OSError:
             self._stop_forwarding(held)
             return
         if sent < len(data):
-            if not held.grown_socket:
-                # A fast producer: room for more of it in flight (only such processes pay
-                # for it; on a unix socket the sender's buffer is what counts).
-                held.grown_socket = True
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, FORWARD_BUFFER_BYTES)
+            self._grow_forward(held)
             # Stop reading until the agent took it: the agent's pace is the process's, as it
             # was when the agent read the pipe itself.
             held.backlog += memoryview(data)[sent:]
-            self._update_reading(held)
-            self.selector.register(sock, selectors.EVENT_WRITE, lambda _m: self._flush(held))
+            self._wait_for_room(held)
+
+    def _wait_for_room(self, held: Held) -> None:
+        if held.waiting_room:
+            return
+        assert held.forward is not None
+        held.waiting_room = True
+        self._update_reading(held)
+        self.selector.register(held.forward, selectors.EVENT_WRITE, lambda _m: self._flush(held))
 
     def _flush(self, held: Held) -> None:
-        sock = held.forward
-        if sock is None:
+        forward = held.forward
+        if forward is None:
             return
-        try:
-            sent = sock.send(held.backlog)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._stop_forwarding(held)
-            self._after_flush(held)
-            return
-        del held.backlog[:sent]
-        if not held.backlog:
-            self.selector.unregister(sock)
-            self._update_reading(held)
-            self._after_flush(held)
+        if held.backlog:
+            try:
+                sent = os.write(forward, held.backlog)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._stop_forwarding(held)
+                self._after_flush(held)
+                return
+            del held.backlog[:sent]
+            if held.backlog:
+                return
+        self._stop_waiting_room(held)
+        self._update_reading(held)
+        self._after_flush(held)
+
+    def _stop_waiting_room(self, held: Held) -> None:
+        if held.waiting_room:
+            assert held.forward is not None
+            self.selector.unregister(held.forward)
+            held.waiting_room = False
 
     def _after_flush(self, held: Held) -> None:
         if held.read_fd is None and held.forward is not None:
@@ -763,17 +827,19 @@ class Keeper:
         self._maybe_tell_exit(held)
 
     def _stop_forwarding(self, held: Held) -> None:
-        sock, held.forward = held.forward, None
-        if sock is None:
+        if held.forward is None:
             return
-        if held.backlog:
-            self.selector.unregister(sock)
-            held.backlog.clear()
-            self._update_reading(held)
-        sock.close()
+        held.backlog.clear()
+        self._close_forward(held)
+        self._update_reading(held)
 
     def _update_reading(self, held: Held) -> None:
-        want = held.read_fd is not None and not held.backlog and not held.paused
+        want = (
+            held.read_fd is not None
+            and not held.backlog
+            and not held.waiting_room
+            and not held.paused
+        )
         if want == held.reading:
             return
         held.reading = want
@@ -787,9 +853,10 @@ class Keeper:
             self.selector.unregister(held.read_fd)
 
     def _close_forward(self, held: Held) -> None:
-        sock, held.forward = held.forward, None
-        if sock is not None:
-            sock.close()  # the agent reads the end of the output after the last byte
+        self._stop_waiting_room(held)
+        forward, held.forward = held.forward, None
+        if forward is not None:
+            os.close(forward)  # the agent reads the end of the output after the last byte
 
     def _output_ended(self, held: Held) -> None:
         fd = held.read_fd

@@ -23,6 +23,7 @@ meta (`key_for(meta.chat_id, meta.call_id)`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import queue
@@ -118,6 +119,7 @@ class Recording:
         self._head = min(meta.head_bytes, meta.retention_bytes)
         self._ring = meta.retention_bytes - self._head
         self.total = 0
+        self._splices = True  # until a file system refuses a splice (`_splice`)
         encoded = msgspec.msgpack.encode(meta)
         self._base = _data_at(len(encoded))
         if fd is None:
@@ -150,6 +152,53 @@ class Recording:
         self.total += len(data)
         os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
 
+    def append_from_pipe(self, fd: int, count: int) -> None:
+        """Move the `count` bytes at the head of the pipe `fd` (it holds at least that many)
+        into the record, where `append` would write them: spliced by the kernel, never copied
+        through this process (actors/pipe_tee.py says why). Bytes the retention drops are
+        read and dropped."""
+        offset = self.total
+        left = count
+        if offset < self._head:
+            part = min(left, self._head - offset)
+            self._splice(fd, part, self._base + offset)
+            offset += part
+            left -= part
+        if left > self._ring:  # only the newest bytes of it are retained
+            _discard(fd, left - self._ring)
+            offset += left - self._ring
+            left = self._ring
+        while left:
+            at = (offset - self._head) % self._ring
+            part = min(left, self._ring - at)
+            self._splice(fd, part, self._base + self._head + at)
+            offset += part
+            left -= part
+        self.total += count
+        os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
+
+    def _splice(self, fd: int, count: int, at: int) -> None:
+        """`count` bytes from the pipe `fd` into the file at `at`; read and written where
+        the file system cannot splice (EINVAL)."""
+        while count:
+            if self._splices:
+                try:
+                    moved = os.splice(fd, self._fd, count, offset_dst=at)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._splices = False
+                    continue
+            else:
+                data = os.read(fd, count)
+                moved = os.pwrite(self._fd, data, at) if data else 0
+                if moved < len(data):  # (a regular file takes all of it, or raises)
+                    raise OSError(errno.EIO, "short write to a record")
+            if not moved:
+                raise OSError(errno.EIO, "a pipe held less than it said")
+            count -= moved
+            at += moved
+
     def write_exit(
         self, exit_code: int | None, signum: int, at_ms: int, *, killed_after: bool = False
     ) -> None:
@@ -170,6 +219,15 @@ class Recording:
         """The file's descriptor, which this recording no longer writes to (-1 once closed)."""
         fd, self._fd = self._fd, -1
         return fd
+
+
+def _discard(fd: int, count: int) -> None:
+    """Read and drop `count` bytes of the pipe `fd` (it holds at least that many)."""
+    while count:
+        data = os.read(fd, min(count, 1024 * 1024))
+        if not data:
+            raise OSError(errno.EIO, "a pipe held less than it said")
+        count -= len(data)
 
 
 def _create(path: str) -> int:

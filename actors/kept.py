@@ -3,12 +3,12 @@ from it after a restart (PROTOCOL.md 10.1).
 
 `KeptProcessBackend` is the process backend of `toolwire serve` with a state dir: each spawn
 is one request to the keeper on its control socket (the keeper spawns, exactly as the agent
-did, and hands back its own end of a socket the process's output is forwarded on, a pidfd and
+did, and hands back the read end of a pipe the process's output is forwarded on, a pidfd and
 the process's input). A chat's spawn (`start_spawn`) does not wait for the reply: the loop
 sends the request and goes on, and the reply comes through the event reader (`KeeperClient.run`)
 to a `SpawnWaiter`, so the loop every chat shares is never held for the keeper's posix_spawn.
 A `KeptProcess` then behaves as a process the agent spawned itself:
-its output is read from that socket as it was from the pipe, its stdin is written through the
+its output is read from that pipe as it was from the command's own, its stdin is written through the
 agent's copy, its group signalled with killpg; only its exit comes from the keeper (its parent),
 after everything the command wrote before it.
 

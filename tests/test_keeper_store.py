@@ -4,6 +4,7 @@ back exactly as an agent that had read it all along would hold it (PROTOCOL.md 1
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -140,3 +141,44 @@ def test_a_stop_at_the_hard_deadline_is_recorded_before_and_with_the_exit(tmp_pa
     recording.write_exit(None, 15, 7, killed_after=True)
     read = keeper_store.read_process_file(path)
     assert read is not None and read.exit == keeper_store.ExitRecord(None, "SIGTERM", 7, True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pieces=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=3 * RETENTION), st.booleans()), max_size=12
+    ),
+    retention=st.integers(1, 2 * RETENTION),
+    head=st.integers(0, 2 * RETENTION),
+)
+def test_output_spliced_from_a_pipe_is_recorded_as_output_written_from_memory(
+    pieces: list[tuple[bytes, bool]], retention: int, head: int
+) -> None:
+    """The keeper moves a command's output from its pipe into the record by splice
+    (`append_from_pipe`), and writes what it read itself (a terminal's, a last drain) with
+    `append`, the two in any order: the file is byte for byte the one `append` alone makes,
+    and the pipe gives up exactly the bytes it was asked for."""
+    meta = keeper_store.Meta(
+        chat_id="c", call_id="k", args={}, started_at_ms=1,
+        retention_bytes=retention, head_bytes=head,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        written = keeper_store.Recording(str(Path(tmp) / "written"), meta)
+        spliced = keeper_store.Recording(str(Path(tmp) / "spliced"), meta)
+        read_end, write_end = os.pipe()
+        try:
+            for piece, from_pipe in pieces:
+                written.append(piece)
+                if from_pipe:
+                    os.write(write_end, piece + b"after")
+                    spliced.append_from_pipe(read_end, len(piece))
+                    assert os.read(read_end, 100) == b"after"  # nothing more was taken
+                else:
+                    spliced.append(piece)
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        written.close()
+        spliced.close()
+        assert spliced.total == written.total == sum(len(p) for p, _ in pieces)
+        assert (Path(tmp) / "spliced").read_bytes() == (Path(tmp) / "written").read_bytes()
