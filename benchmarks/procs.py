@@ -46,6 +46,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def keeper_of(server_pid: int) -> int | None:
+    """The keeper an agent server started (`toolwire.actors.keeper`, a child of it), or None:
+    a build before the keeper, or the memory journal, holds its commands itself."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != server_pid:
+                continue
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if b"toolwire.actors.keeper" in argv:
+            return int(name)
+    return None
+
+
 def rss_bytes(pid: int | str = "self", field: str = "VmRSS") -> int:
     """Resident memory of a process now (VmRSS), or its peak since it started (VmHWM)."""
     with open(f"/proc/{pid}/status") as f:

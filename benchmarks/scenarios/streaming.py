@@ -32,7 +32,7 @@ from toolwire.benchmarks.core import (
     agent,
     run_side_by_side,
 )
-from toolwire.benchmarks.procs import CpuMeter, ServerProcess
+from toolwire.benchmarks.procs import CpuMeter, ServerProcess, cpu_seconds, keeper_of
 from toolwire.benchmarks.scenarios.common import servers
 from toolwire.benchmarks.wire import Codec, UnexpectedReply, ws_connect
 
@@ -46,6 +46,12 @@ def run(ctx: BenchContext) -> ScenarioResult:
     command = f"head -c {size} /dev/zero"
     res.params = {"bytes": size, "command": command, "repeats": repeats}
     m_mp = res.measurement("toolwire_msgpack", "toolwire stream, msgpack", "MB/s")
+    # What the output costs the agent's side, whatever share of it the client took: the
+    # server's CPU and its keeper's (which reads, records and forwards every byte since
+    # issue 31), per stream, on msgpack.
+    m_cpu = res.measurement(
+        "toolwire_msgpack_cpu", "toolwire stream, msgpack: agent and keeper CPU", "ms"
+    )
     m_js = res.measurement("toolwire_json", "toolwire stream, JSON", "MB/s")
     m_pipe = res.measurement("trio_pipe", "plain trio pipe read", "MB/s")
 
@@ -62,6 +68,7 @@ def run(ctx: BenchContext) -> ScenarioResult:
                 command,
                 size,
                 m,
+                m_cpu if encoding == "msgpack" else None,
             )
 
         def pipe(r: int) -> None:
@@ -96,6 +103,7 @@ async def _toolwire_stream(
     command: str,
     size: int,
     m: Measurement,
+    m_cpu: Measurement | None = None,
 ) -> None:
     codec = Codec(encoding)
     async with ws_connect(server.port, token=token, subprotocol=codec.subprotocol) as conn:
@@ -106,6 +114,8 @@ async def _toolwire_stream(
         total = -1
         meter = CpuMeter(server.pid)
         meter.start()
+        keeper = keeper_of(server.pid)  # None: a build before the keeper (issue 31)
+        keeper_cpu0 = cpu_seconds(keeper) if keeper is not None else 0.0
         t0 = time.perf_counter()
         await conn.ws.send_message(frame)
         while True:
@@ -124,6 +134,7 @@ async def _toolwire_stream(
                 raise UnexpectedReply(f"error {message.code}: {message.message}")
         seconds = time.perf_counter() - t0
         meter.stop()
+        keeper_cpu = cpu_seconds(keeper) - keeper_cpu0 if keeper is not None else 0.0
         wire = conn.counter.received
     if total != size:
         raise UnexpectedReply(f"the result reports {total} output bytes, not {size}")
@@ -137,7 +148,14 @@ async def _toolwire_stream(
         seconds=seconds,
         client_cpu_s=meter.client_s,
         server_cpu_s=meter.server_s,
+        keeper_cpu_s=keeper_cpu,
     )
+    if m_cpu is not None:
+        m_cpu.add(
+            (meter.server_s + keeper_cpu) * 1000,
+            server_cpu_s=meter.server_s,
+            keeper_cpu_s=keeper_cpu,
+        )
 
 
 async def _trio_pipe(argv: list[str], size: int, m: Measurement) -> None:
