@@ -5,8 +5,9 @@ The keeper (actors/keeper.py) records every byte a command prints and forwards i
 agent. Read into the keeper and written out twice, each byte is copied three times on its way
 (out of the command's pipe, into the record, into the agent's socket); duplicated into the
 agent's pipe here and then spliced into the record (`os.splice`), it is copied once, by the
-kernel, into the record's page cache: on a 200 MB output the keeper's CPU fell from 113-163
-to 72-86 ms (docs/benchmarks.md, "Streaming through the keeper"). Python's `os` has `splice`
+kernel, into the record's page cache: on a 200 MB output read at once by its agent, the
+keeper's CPU fell from 83-103 to 43-53 ms (docs/benchmarks.md, "Output through the keeper").
+Python's `os` has `splice`
 but not `tee`, so it is called through the C library, as actors/landlock.py calls its
 syscalls. No trio, no state: one call, one answer.
 """
