@@ -135,7 +135,7 @@ class Held:
     grown_forward: bool = False
     reading: bool = False  # its output is registered with the selector
     # Re-adopted, until the agent read the recording: nothing is read meanwhile, so the file
-    # holds exactly the bytes before the new socket's first.
+    # holds exactly the bytes before the new pipe's first.
     paused: bool = False
     # Its hard deadline (PROTOCOL.md 9.2), enforced here while no agent is connected: the
     # wall-clock ms it passes at (from the FIRST start) and the grace between TERM and KILL.

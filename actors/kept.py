@@ -815,7 +815,7 @@ def readopt(client: KeeperClient, retention_bytes: int, result_bytes: int) -> li
     process, each waiting for the keeper and then the agent to get a CPU, was most of a
     restart's re-adoption on a loaded machine. Each process's file is still read only once its
     own reply came (the keeper has stopped reading its output by then), and its `resume` sent
-    after that, so the file holds exactly the bytes before the new socket's first."""
+    after that, so the file holds exactly the bytes before the new pipe's first."""
     base = keeper_store.procs_dir(client.keeper_dir)
     try:
         names = sorted(os.listdir(base))
