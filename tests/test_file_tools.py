@@ -960,6 +960,32 @@ def test_a_big_write_or_edit_makes_the_disk_busy_for_its_fsyncs(
     assert not BIG_WRITES.busy()  # and not after
 
 
+@pytest.mark.parametrize("size", [BIG_WRITE_BYTES, BIG_WRITE_BYTES - 1], ids=["big", "small"])
+@pytest.mark.parametrize("found", [True, False], ids=["applied", "not-found"])
+def test_an_edit_of_a_big_file_keeps_the_disk_busy_from_its_read_to_its_end(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, size: int, found: bool
+) -> None:
+    """An edit_files of a big file reads, writes and fsyncs its files one after the other: the
+    disk counts as busy from the read on (so the journal keeps its commits off the loop between
+    two writes too), whether the edit is then applied or fails, and not once the call is over.
+    Seen where the edit searches the file it read."""
+    real_find_all = files.big_text.find_all
+    busy_at_search: list[bool] = []
+
+    def watched_find_all(*args: Any, **kwargs: Any) -> list[int]:
+        busy_at_search.append(BIG_WRITES.busy())
+        return real_find_all(*args, **kwargs)
+
+    monkeypatch.setattr(files.big_text, "find_all", watched_find_all)
+    (ws / "big.txt").write_text("a" * (size - 1) + "b")
+    old = "aaab" if found else "zzz"
+    edit = EditFilesArgs(files=[FileEdits(path="big.txt", edits=[Edit(old=old, new="cccc")])])
+    report = edit_files(str(ws), edit)
+    assert report.outcome is (Outcome.COMPLETED if found else Outcome.FAILED), report
+    assert busy_at_search == [size >= BIG_WRITE_BYTES]
+    assert not BIG_WRITES.busy()
+
+
 # --- big files go to and from the kernel in slices (issue 26) -----------------------------------
 
 

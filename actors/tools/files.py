@@ -1028,6 +1028,11 @@ def _load_edit_target(
                 raise ToolFailure(f"{shown} does not exist")  # removed since the stat
             _check_regular(again, shown, "edit_files")
             st = again
+        # From a big file's read to the call's end (`reads` closes when the last write is
+        # done), not only through its writes: the edit reads, writes and fsyncs its files one
+        # after the other, and a commit on the loop's thread between two of them waited for the
+        # disk as well (5-15 ms; actors/big_writes.py).
+        reads.enter_context(BIG_WRITES.writing(st.st_size))
         with open(target, "rb", buffering=0) as f:
             whole = reads.enter_context(read_whole(f, os.fstat(f.fileno()).st_size))
         _check_text(whole.data, shown, "edit_files", end=whole.length)
