@@ -10,7 +10,7 @@ the journal's writer thread, where the wait holds nothing but the calls it makes
 An `edit_files` of big files counts as busy from its first big read to its end: it writes and
 fsyncs its files one after the other, and commits between two of them, on the loop's thread,
 still waited for the disk: beside edits of four 16 MiB files, 113-296 commits ran on the loop
-in 3 s, the slowest 6.6-15.4 ms; with the whole call counted, 3-37, the slowest 1.2-6.2 ms.
+in 3 s, the slowest 3.0-15.4 ms; with the whole call counted, 3-37, the slowest 1.2-6.2 ms.
 
 Process-wide on purpose: the disk and the page cache are the process's, not a chat's, so a
 write in one chat slows the commits of every other. Counted from worker threads (the file tools

@@ -77,9 +77,9 @@ READ_BLOCK_BYTES = 64 * 1024
 # A file's bytes go to the kernel in write(2) calls of at most this many bytes (issue 26). The
 # kernel the agent runs on is built without preemption of kernel code (PREEMPT_NONE, the server
 # default): a thread inside a system call keeps its CPU until the call returns or reaches one of
-# the kernel's few preemption points, whatever its nice value. One write(2) of 8 MiB, the copy
-# into the page cache, held a CPU for 13-24 ms beside a big edit, and the event loop's thread,
-# woken meanwhile, waited that long in the run queue (`/proc/self/task/TID/schedstat`). Each
+# the kernel's few preemption points, whatever its nice value. Beside edits of 16 MiB files the
+# event loop's thread waited 17-24 ms in the run queue (`/proc/self/task/TID/schedstat`) while
+# the tool's thread, in a write(2) of 8 MiB (the copy into the page cache), ran 13-20 ms. Each
 # return to user space is a point where the loop's thread gets the CPU: a slice of 1 MiB is
 # about 1 ms of copying there, and 16 calls for a 16 MiB file cost nothing next to its fsync.
 WRITE_SLICE_BYTES = 1 << 20
@@ -1031,7 +1031,7 @@ def _load_edit_target(
         # From a big file's read to the call's end (`reads` closes when the last write is
         # done), not only through its writes: the edit reads, writes and fsyncs its files one
         # after the other, and a commit on the loop's thread between two of them waited for the
-        # disk as well (5-15 ms; actors/big_writes.py).
+        # disk as well (up to 15 ms; actors/big_writes.py).
         reads.enter_context(BIG_WRITES.writing(st.st_size))
         with open(target, "rb", buffering=0) as f:
             whole = reads.enter_context(read_whole(f, os.fstat(f.fileno()).st_size))
