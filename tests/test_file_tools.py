@@ -40,6 +40,7 @@ from toolwire.actors.tools.files import (
     write_file,
 )
 from toolwire.actors.tools.registry import TOOLS, parse_args
+from toolwire.actors.tools.whole_files import READ_SLICE_BYTES
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -957,3 +958,69 @@ def test_a_big_write_or_edit_makes_the_disk_busy_for_its_fsyncs(
     # write_file: the file's fsync and its directory's; edit_files: the same.
     assert busy_at_fsync == [size >= BIG_WRITE_BYTES] * 4
     assert not BIG_WRITES.busy()  # and not after
+
+
+@pytest.mark.parametrize("size", [BIG_WRITE_BYTES, BIG_WRITE_BYTES - 1], ids=["big", "small"])
+@pytest.mark.parametrize("found", [True, False], ids=["applied", "not-found"])
+def test_an_edit_of_a_big_file_keeps_the_disk_busy_from_its_read_to_its_end(
+    ws: Path, monkeypatch: pytest.MonkeyPatch, size: int, found: bool
+) -> None:
+    """An edit_files of a big file reads, writes and fsyncs its files one after the other: the
+    disk counts as busy from the read on (so the journal keeps its commits off the loop between
+    two writes too), whether the edit is then applied or fails, and not once the call is over.
+    Seen where the edit searches the file it read."""
+    real_find_all = files.big_text.find_all
+    busy_at_search: list[bool] = []
+
+    def watched_find_all(*args: Any, **kwargs: Any) -> list[int]:
+        busy_at_search.append(BIG_WRITES.busy())
+        return real_find_all(*args, **kwargs)
+
+    monkeypatch.setattr(files.big_text, "find_all", watched_find_all)
+    (ws / "big.txt").write_text("a" * (size - 1) + "b")
+    old = "aaab" if found else "zzz"
+    edit = EditFilesArgs(files=[FileEdits(path="big.txt", edits=[Edit(old=old, new="cccc")])])
+    report = edit_files(str(ws), edit)
+    assert report.outcome is (Outcome.COMPLETED if found else Outcome.FAILED), report
+    assert busy_at_search == [size >= BIG_WRITE_BYTES]
+    assert not BIG_WRITES.busy()
+
+
+# --- big files go to and from the kernel in slices (issue 26) -----------------------------------
+
+
+def test_a_write_of_many_slices_is_the_content_byte_for_byte(ws: Path) -> None:
+    """write_file hands a big file to the kernel a slice at a time (WRITE_SLICE_BYTES): the
+    file is still exactly the content, its multi-byte characters across the slices' edges
+    included, and the reported digest is the file's."""
+    unit = "ab\u00e9\u20ac\U0001f600\n"  # 1, 1, 2, 3 and 4 bytes, and a newline: 12 bytes
+    content = unit * (2 * files.WRITE_SLICE_BYTES // 12 + 1001)
+    report = write_file(str(ws), WriteFileArgs(path="big.txt", content=content))
+    assert report.outcome is Outcome.COMPLETED, report
+    data = content.encode()
+    assert len(data) > 2 * files.WRITE_SLICE_BYTES
+    assert (ws / "big.txt").read_bytes() == data
+    assert report.data == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_an_edit_across_the_slices_of_a_big_file_reads_and_writes_it_whole(ws: Path) -> None:
+    """edit_files reads a big file and writes its result in slices (READ_SLICE_BYTES,
+    WRITE_SLICE_BYTES): an `old` that straddles a slice's edge is found, and the file left is
+    the whole edited text, however the edits' pieces fall across the slices."""
+    edge = READ_SLICE_BYTES
+    text = "x" * (edge - 3) + "OLD-TEXT" + "y" * (edge + 17) + "tail-old" + "z" * 5
+    (ws / "big.txt").write_text(text)
+    edit = EditFilesArgs(
+        files=[
+            FileEdits(
+                path="big.txt",
+                edits=[Edit(old="OLD-TEXT", new="new"), Edit(old="tail-old", new="T" * 100)],
+            )
+        ]
+    )
+    report = edit_files(str(ws), edit)
+    assert report.outcome is Outcome.COMPLETED, report
+    expected = text.replace("OLD-TEXT", "new").replace("tail-old", "T" * 100).encode()
+    assert (ws / "big.txt").read_bytes() == expected
+    assert report.data is not None
+    assert report.data["files"][0]["sha256"] == hashlib.sha256(expected).hexdigest()

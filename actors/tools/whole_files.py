@@ -34,6 +34,10 @@ GRANULE = MIB
 # and the agent keeps at most 72 MiB it does not use.
 IDLE_BUFFERS = 4
 IDLE_BYTES = IDLE_BUFFERS * 18 * MIB
+# A big file is read into its buffer in read(2) calls of at most this many bytes: the kernel
+# keeps a CPU for the whole copy of one call (actors/tools/files.py, WRITE_SLICE_BYTES, says
+# why), and the event loop's thread must not wait for 16 MiB of it.
+READ_SLICE_BYTES = MIB
 
 
 def new_map(size: int) -> mmap.mmap:
@@ -119,11 +123,12 @@ def read_whole(
 
 def _read_into(f: io.FileIO, buffer: mmap.mmap) -> int:
     """Fill `buffer` from `f` until the file's end or the buffer's; how many bytes were read.
-    Each `readinto` releases the GIL while the kernel copies."""
+    Each `readinto` releases the GIL while the kernel copies, a slice of READ_SLICE_BYTES at
+    most."""
     with memoryview(buffer) as view:
         at = 0
         while at < len(view):
-            got = f.readinto(view[at:])
+            got = f.readinto(view[at : at + READ_SLICE_BYTES])
             if not got:
                 break
             at += got
