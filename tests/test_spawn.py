@@ -443,7 +443,10 @@ async def test_a_terminal_command_that_cannot_start_fails_and_leaks_nothing(
         backend.spawn(argv, cwd, ENV, terminal=TerminalSize(24, 80))
     with pytest.raises(FileNotFoundError):
         backend.spawn(argv, cwd, ENV, stdin=True)
-    assert open_fds() == before
+    # None left open by the failed spawns; a descriptor another test left to the garbage
+    # collector may close meanwhile (the full suite's `==` here failed once on a busy
+    # machine), so the set can only shrink.
+    assert open_fds() <= before
 
 
 # --- the output pipe ------------------------------------------------------------------------------
