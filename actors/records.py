@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -140,8 +139,9 @@ class CancelAction(enum.Enum):
     ALREADY_DONE = "already_done"  # the saved result stays; leftover processes may be killed
 
 
-@dataclass(eq=False, slots=True)
-class ToolCallRecord:
+class ToolCallRecord(msgspec.Struct, eq=False):
+    """One call id's record (a Struct: one is made per new call, and msgspec builds it in C)."""
+
     call_id: str
     tool: str | None  # None only for a cancel tombstone no call has named yet
     fingerprint: bytes | None
