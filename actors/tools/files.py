@@ -399,22 +399,27 @@ def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
         raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {offset + e.start}") from None
 
 
-def _fd_text_lines(
-    fd: int, shown: str, tool: str, on_block: Callable[[bytes], None]
-) -> Iterator[tuple[bytes, str]]:
-    """The lines of a text file descriptor, as (raw, text) pairs, with `_check_text`'s checks
-    and failures, read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a buffered
-    file object (which adds an fstat, two lseeks and an ioctl to every open). Every block read
-    is passed to `on_block` too (read_file hashes the file in the same pass)."""
+def _fd_sniff(fd: int, on_block: Callable[[bytes], None]) -> tuple[bytes, bool]:
+    """The first BINARY_SNIFF_BYTES or more of a file descriptor (a short read must not
+    shorten the sniff), read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a
+    buffered file object (which adds an fstat, two lseeks and an ioctl to every open), and
+    whether the file ended within them. Every block read is passed to `on_block` too (read_file
+    hashes the file in the same pass)."""
     block = b""
-    eof = False
-    while len(block) < BINARY_SNIFF_BYTES:  # a short read must not shorten the sniff
+    while len(block) < BINARY_SNIFF_BYTES:
         more = os.read(fd, READ_BLOCK_BYTES)
         if not more:
-            eof = True
-            break
+            return block, True
         on_block(more)
         block += more
+    return block, False
+
+
+def _fd_text_lines(
+    fd: int, shown: str, tool: str, on_block: Callable[[bytes], None], block: bytes, eof: bool
+) -> Iterator[tuple[bytes, str]]:
+    """The lines of a text file descriptor, as (raw, text) pairs, with `_check_text`'s checks
+    and failures: from `block` and `eof` (`_fd_sniff`'s), then read on as it reads."""
     if b"\0" in block[:BINARY_SNIFF_BYTES]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
     offset = 0
@@ -678,40 +683,49 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
     note = ""  # why a cap stopped the read, with the offset to continue from
     digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
+    whole: tuple[str, int] | None = None
     try:
-        for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update):
-            total += 1
-            if total < start or stopped_at is not None:
-                continue
-            if len(parts) == want:
-                stopped_at = total
-                if capped_by_lines:
-                    note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
-            elif size + len(raw) <= READ_MAX_BYTES:
-                parts.append(text)
-                size += len(raw)
-            elif parts:
-                stopped_at = total
-                note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
-            else:
-                # One line over the byte cap: return its head, cut on a character boundary
-                # (the line decoded whole, so only the last character can be partial).
-                cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
-                parts.append(cut)
-                size = len(cut.encode("utf-8"))
-                stopped_at = total + 1
-                note = (
-                    f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
-                    f" to its first {size} bytes"
-                )
+        block, eof = _fd_sniff(fd, digest.update)
+        if eof and args.offset is None and args.limit is None:
+            whole = _whole_text(block)
+        if whole is None:
+            for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update, block, eof):
+                total += 1
+                if total < start or stopped_at is not None:
+                    continue
+                if len(parts) == want:
+                    stopped_at = total
+                    if capped_by_lines:
+                        note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
+                elif size + len(raw) <= READ_MAX_BYTES:
+                    parts.append(text)
+                    size += len(raw)
+                elif parts:
+                    stopped_at = total
+                    note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
+                else:
+                    # One line over the byte cap: return its head, cut on a character boundary
+                    # (the line decoded whole, so only the last character can be partial).
+                    cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
+                    parts.append(cut)
+                    size = len(cut.encode("utf-8"))
+                    stopped_at = total + 1
+                    note = (
+                        f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
+                        f" to its first {size} bytes"
+                    )
     except OSError as e:
         raise os_failure(e, shown, "read") from None
     finally:
         os.close(fd)
     if note and stopped_at is not None and stopped_at <= total:
         note += f"; continue with offset={stopped_at}"
-    content = "".join(parts)
-    n = len(parts)
+    if whole is not None:
+        content, total = whole
+        n = total
+    else:
+        content = "".join(parts)
+        n = len(parts)
     data = {"content": content, "lines": n, "total_lines": total, "sha256": digest.hexdigest()}
     if total == 0:
         text = f"read 0 of 0 lines of {shown}; the file is empty"
@@ -728,6 +742,27 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     # The content travels once, in data.content: PROTOCOL.md gives `output` to tools that have
     # process output, and a 256 KiB read must not be sent (and kept) twice.
     return _completed(text, data)
+
+
+def _whole_text(block: bytes) -> tuple[str, int] | None:
+    """A file that ended within its sniff, read whole (no offset, no limit), as its text and
+    its line count: what the line by line path returns for it when every line fits both caps,
+    found with one decode and one count instead of a Python loop over its lines (the trivial
+    call of issue 29 reads a 300-byte file). None when that path must decide: a NUL byte (a
+    binary file, or text past the sniff), bytes that are not UTF-8 (that path names where), or
+    a cap that stops the read. tests/test_file_tools.py checks it against that path."""
+    if len(block) > READ_MAX_BYTES or b"\0" in block:
+        return None
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    # Lines end at b"\n" (an ASCII byte, never part of a longer character); a last line
+    # without one counts too.
+    lines = block.count(b"\n") + (1 if block and not block.endswith(b"\n") else 0)
+    if lines > READ_MAX_LINES:
+        return None
+    return text, lines
 
 
 # --- atomic writes ------------------------------------------------------------------------------
