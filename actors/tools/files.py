@@ -276,8 +276,14 @@ def _check_utf8(field: str, value: str) -> None:
 
 
 def _resolve(workspace: str, path: str) -> str:
-    """The path to open: `path` against the workspace, `~` expanded; symlinks left to the OS."""
-    return os.path.join(os.path.expanduser(workspace), os.path.expanduser(path))
+    """The path to open: `path` against the workspace, `~` expanded; symlinks left to the OS.
+    (`expanduser` called only on a path that starts with `~`, the one it changes: two calls
+    fewer on every file tool's call.)"""
+    if path[:1] == "~":
+        path = os.path.expanduser(path)
+    if workspace[:1] == "~":
+        workspace = os.path.expanduser(workspace)
+    return os.path.join(workspace, path)
 
 
 def _completed(text: str, data: dict[str, Any], output: str = "") -> ToolReport:
