@@ -404,7 +404,6 @@ class ChatState:
         "_out",
         "_processes_base",
         "_reading",
-        "_records_base",
         "_replies",
         "_running_processes",
         "_segment_turns",
@@ -433,14 +432,14 @@ class ChatState:
         self.chat_id = chat_id
         self.config = config
         # The agent-wide bounds (records, processes) this chat shares with every other, kept
-        # up to date by `handle`; None: this chat counts against nothing (pure tests, sims).
+        # up to date by the record table (records) and `handle` (processes); None: this chat
+        # counts against nothing (pure tests, sims).
         self.budget = budget
-        self._records_base = 0
         self._processes_base = 0
         # The agent's recent results (shared by its chats): with a journal that keeps results,
         # a published record's result lives there or in the journal, not in the record.
         self.results = results
-        self.records = RecordTable()
+        self.records = RecordTable(budget)
         self.calls: dict[str, CallState] = {}
         self.turns: dict[str, TurnState] = {}
         self.groups: dict[str, GroupState] = {}
@@ -498,15 +497,14 @@ class ChatState:
             self._handle(event)
         else:
             # The counts read directly, not through `running_process_count`: this runs twice
-            # for every call, the hot path of the trivial-call benchmark.
-            records, running, launching = self.records, self._running_processes, self._launching
-            self._records_base = records_base = len(records)
+            # for every call, the hot path of the trivial-call benchmark. (Records are counted
+            # by the record table itself, as they come and go.)
+            running, launching = self._running_processes, self._launching
             self._processes_base = processes_base = len(running) + len(launching)
             try:
                 self._handle(event)
             finally:
                 # What this input changed, counted once it is over (a refusal changed nothing).
-                budget.records += len(records) - records_base
                 budget.processes += len(running) + len(launching) - processes_base
         self._out = _IDLE
         return out
@@ -737,7 +735,7 @@ class ChatState:
         budget = self.budget
         if budget is None or new == 0:
             return
-        held = budget.records + len(self.records) - self._records_base
+        held = budget.records
         if held + new > budget.max_records:
             raise ToolwireError(
                 "over_limit",

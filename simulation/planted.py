@@ -36,8 +36,12 @@ from toolwire.actors.results import (
 def _forget(state: ChatState, call_id: str) -> None:
     """Drop one record as if it had never been, through RecordTable's public surface only: a
     new table holds the others, restored in their touch order (iteration order), as the
-    journal's restore does. The planted bugs below that forget a saved result use it."""
-    kept = RecordTable()
+    journal's restore does. The planted bugs below that forget a saved result use it. (The new
+    table counts what it restores in the agent's budget, as the old one counted its records:
+    the old one's count goes with it.)"""
+    if state.budget is not None:
+        state.budget.records -= len(state.records)
+    kept = RecordTable(state.budget)
     for record in state.records:
         if record.call_id != call_id:
             kept.restore(record)
