@@ -513,13 +513,14 @@ class ChatState:
 
     def _handle(self, event: Input) -> None:
         self._handlers[type(event)](self, event)
-        advanced = 0
-        while advanced < len(self._to_advance):
-            run = self._to_advance[advanced]
-            advanced += 1
-            run.to_advance = False
-            self._next_segment(run)
-        self._to_advance = _IDLE
+        if self._to_advance is not _IDLE:  # a turn's segment ended (most inputs end none)
+            advanced = 0
+            while advanced < len(self._to_advance):
+                run = self._to_advance[advanced]
+                advanced += 1
+                run.to_advance = False
+                self._next_segment(run)
+            self._to_advance = _IDLE
         replies = self._replies
         if replies is not None:
             # Whatever an input reports on a call (its group stopped, gone, its process
@@ -2020,7 +2021,8 @@ class ChatState:
             self.calls = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat
         event = ResultEvent(self.chat_id, record.call_id, result)
         if call is not None:
-            self._send_held_accepted(call)
+            if call.held_accepted is not None:
+                self._send_held_accepted(call)
             for conn, follower in call.followers.items():
                 if follower.answer_only:  # no subscription: nothing to send it after
                     for _ in range(follower.owed):
@@ -2042,7 +2044,8 @@ class ChatState:
                 if not run.to_advance:
                     run.to_advance = True
                     self._advance_after(run)
-        self._wake_replies(record.call_id)
+        if self._replies is not None:
+            self._replies.wake(record.call_id)
 
     def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:
         """Send the saved results of published calls: at once when they are on the heap and
