@@ -275,7 +275,7 @@ _TOOLS: tuple[ToolDef, ...] = (
         "read_file",
         files.ReadFileArgs,
         files.check_read_file,
-        OnLoop(files.read_file),
+        OnLoop(files.read_checked_file),  # checked by parse_args when the call is admitted
         planner.reader(),
         "read",
         "Read a UTF-8 text file of the workspace (relative paths are against the workspace). "
