@@ -581,7 +581,8 @@ class ChatState:
         fingerprint = spec.fingerprint()
         admission, record = self.records.admit(
             spec.call_id,
-            shared_tool_name(spec.tool),
+            # The registry's own string (what `shared_tool_name` returns), at hand for a new call.
+            tool.name if tool is not None else shared_tool_name(spec.tool),
             fingerprint,
             self._now,
             initial_state=RecordState.QUEUED,
