@@ -402,7 +402,6 @@ class ChatState:
         "_listed",
         "_now",
         "_out",
-        "_processes_base",
         "_reading",
         "_replies",
         "_running_processes",
@@ -432,10 +431,10 @@ class ChatState:
         self.chat_id = chat_id
         self.config = config
         # The agent-wide bounds (records, processes) this chat shares with every other, kept
-        # up to date by the record table (records) and `handle` (processes); None: this chat
-        # counts against nothing (pure tests, sims).
+        # up to date as records and process slots come and go (the record table counts the
+        # records, `_hold_slot` and `_free_slot` the processes); None: this chat counts
+        # against nothing (pure tests, sims).
         self.budget = budget
-        self._processes_base = 0
         # The agent's recent results (shared by its chats): with a journal that keeps results,
         # a published record's result lives there or in the journal, not in the record.
         self.results = results
@@ -494,20 +493,7 @@ class ChatState:
         self._out = out
         if self._to_advance is not _IDLE:
             self._to_advance = _IDLE  # left over by an input that raised
-        budget = self.budget
-        if budget is None:
-            self._handle(event)
-        else:
-            # The counts read directly, not through `running_process_count`: this runs twice
-            # for every call, the hot path of the trivial-call benchmark. (Records are counted
-            # by the record table itself, as they come and go.)
-            running, launching = self._running_processes, self._launching
-            self._processes_base = processes_base = len(running) + len(launching)
-            try:
-                self._handle(event)
-            finally:
-                # What this input changed, counted once it is over (a refusal changed nothing).
-                budget.processes += len(running) + len(launching) - processes_base
+        self._handle(event)
         self._out = _IDLE
         return out
 
@@ -543,6 +529,22 @@ class ChatState:
             or self._running_processes
             or self._listed
         )
+
+    def _hold_slot(self, slots: dict[str, None], call_id: str) -> None:
+        """`call_id` holds a process slot (`slots`: `_launching` or `_running_processes`),
+        counted in the agent's budget at once. (Counted where slots come and go, not by
+        counting both before and after every input, which cost every input four `len` calls
+        and a `try`, twice per trivial call.)"""
+        if call_id not in slots:
+            slots[call_id] = None
+            if self.budget is not None:
+                self.budget.processes += 1
+
+    def _free_slot(self, slots: dict[str, None], call_id: str) -> None:
+        if call_id in slots:
+            del slots[call_id]
+            if self.budget is not None:
+                self.budget.processes -= 1
 
     @property
     def running_process_count(self) -> int:
@@ -750,8 +752,7 @@ class ChatState:
         budget = self.budget
         if budget is None:
             return False
-        running = budget.processes + self.running_process_count - self._processes_base
-        return running >= budget.max_processes
+        return budget.processes >= budget.max_processes
 
     def _check_ids(self, what: str, count: int) -> None:
         limit = self.config.max_ids_per_request
@@ -1313,7 +1314,7 @@ class ChatState:
             return
         tool = TOOLS[call.spec.tool]
         if tool.kind is ToolKind.EXECUTE:
-            self._launching[record.call_id] = None
+            self._hold_slot(self._launching, record.call_id)
         self.records.begin(record)
         record.started_at_ms = self._wall_ms
         call.start_pending = True
@@ -1347,7 +1348,7 @@ class ChatState:
         if record.cancel_requested or self.shutting_down:
             # A cancel (or the agent's shutdown) came while the start was on its way to disk:
             # nothing happened.
-            self._launching.pop(record.call_id, None)
+            self._free_slot(self._launching, record.call_id)
             self._finish(
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             )
@@ -1356,7 +1357,7 @@ class ChatState:
         tool = TOOLS[call.spec.tool]
         assert call.parsed is not None
         if tool.kind is ToolKind.EXECUTE:
-            self._launching.pop(record.call_id, None)
+            self._free_slot(self._launching, record.call_id)
             why = None
             if self.running_process_count >= self.config.max_processes_per_chat:
                 limit = self.config.max_processes_per_chat
@@ -1376,7 +1377,7 @@ class ChatState:
                 return
             started_at_ms = record.started_at_ms or self._wall_ms
             # It holds its process slot until the shell says whether it started.
-            self._launching[record.call_id] = None
+            self._hold_slot(self._launching, record.call_id)
             call.spawning = True
             self._out.append(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
@@ -1429,7 +1430,7 @@ class ChatState:
         """An exception inside the agent while running or carrying out this call: end the
         call truthfully, so no request, repeat, attach, cancel or interrupt waits on it forever
         (PROTOCOL.md 9.9, 9.10)."""
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         call = self.calls.get(event.call_id)
         if call is not None:
             # The shell gave up on a spawn it asked for (the keeper is gone): the command may
@@ -1453,7 +1454,7 @@ class ChatState:
         kept for this moment: a cancel (also an interrupt's, a close's or the shutdown's) stops
         its group now (`_process_started`). A command no call waits for any more (the shell
         gave up on its spawn, `ToolFailed`) is held only to be stopped."""
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         record = self.records.get(event.call_id)
         call = self.calls.get(event.call_id)
         if (
@@ -1473,7 +1474,7 @@ class ChatState:
         call_id = event.call_id
         if call_id in self.groups:
             return  # not a second group under one id: the first one's stop stands
-        self._running_processes[call_id] = None
+        self._hold_slot(self._running_processes, call_id)
         if self._listed is None:
             self._listed = {}
         self._listed[call_id] = ListedProcess()
@@ -1484,7 +1485,7 @@ class ChatState:
     def _process_started(self, record: ToolCallRecord, call: CallState, event: Spawned) -> None:
         """A call's command runs (spawned, or re-adopted after a restart): its group, its
         listing, its `started` and its timers."""
-        self._running_processes[event.call_id] = None
+        self._hold_slot(self._running_processes, event.call_id)
         if self._listed is None:
             self._listed = {}
         self._listed[event.call_id] = ListedProcess()
@@ -1519,7 +1520,7 @@ class ChatState:
             )
 
     def _on_spawn_failed(self, event: SpawnFailed) -> None:
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         call = self.calls.get(event.call_id)
         if call is not None:
             call.spawning = False
@@ -1534,7 +1535,7 @@ class ChatState:
         )
 
     def _on_process_exited(self, event: ProcessExited) -> None:
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         listed = self._listed_process(event.call_id)
         if listed is not None and listed.exited_at is None:
             listed.exited_at = self._now
@@ -1765,7 +1766,7 @@ class ChatState:
             self._out.append(KillGroup(event.call_id))
             return
         del self.groups[event.call_id]
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         if group.kill_after_ms is not None:
             self._out.append(CancelTimer((event.call_id, "kill_after")))
 
@@ -1776,7 +1777,7 @@ class ChatState:
         group.stopping = None
         group.leader_exited = group.output_closed = True
         del self.groups[event.call_id]
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         if group.kill_after_ms is not None and not group.killed_after:
             self._out.append(CancelTimer((event.call_id, "kill_after")))
         record = self.records.get(event.call_id)
@@ -1966,7 +1967,8 @@ class ChatState:
         """Save the one result and publish it once durable. The first finish wins."""
         if not self.records.finish(record, result):
             return
-        self._launching.pop(record.call_id, None)
+        if self._launching:
+            self._free_slot(self._launching, record.call_id)
         call = self.calls.get(record.call_id)
         if call is not None and (call.turn is not None or record.turn_id is not None):
             self._turn_slot_freed(record, call)  # a turn's call: its slot, or its place waiting
@@ -2440,7 +2442,7 @@ class ChatState:
         if record is not None and record.state is RecordState.RUNNING and call is not None:
             self._process_started(record, call, Spawned(event.call_id, event.pid, event.snapshot))
         else:
-            self._running_processes[event.call_id] = None
+            self._hold_slot(self._running_processes, event.call_id)
             if self._listed is None:
                 self._listed = {}
             self._listed[event.call_id] = ListedProcess()
