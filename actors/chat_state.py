@@ -493,11 +493,8 @@ class ChatState:
         self._out = out
         if self._to_advance is not _IDLE:
             self._to_advance = _IDLE  # left over by an input that raised
-        self._handle(event)
-        self._out = _IDLE
-        return out
-
-    def _handle(self, event: Input) -> None:
+        # (What follows is in this one method, not a second one it calls: it runs twice per
+        # trivial call.)
         self._handlers[type(event)](self, event)
         if self._to_advance is not _IDLE:  # a turn's segment ended (most inputs end none)
             advanced = 0
@@ -515,6 +512,8 @@ class ChatState:
             if call_id is not None:
                 replies.wake(call_id)
             self._settle()
+        self._out = _IDLE
+        return out
 
     @property
     def idle(self) -> bool:
