@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
@@ -689,6 +689,39 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     if hidden.covers_fd(fd):
         os.close(fd)
         raise hidden_failure(shown)
+    digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
+    try:
+        block, eof = _fd_sniff(fd, digest.update)
+        whole = _whole_text(block) if eof and args.offset is None and args.limit is None else None
+        if whole is None:
+            return _read_by_lines(fd, shown, args, digest, block, eof)
+    except OSError as e:
+        raise os_failure(e, shown, "read") from None
+    finally:
+        os.close(fd)
+    # The whole file, every line of it returned: what `_read_by_lines` says of it, without its
+    # loop (tests/test_file_tools.py checks that the two agree).
+    content, total = whole
+    data = {"content": content, "lines": total, "total_lines": total, "sha256": digest.hexdigest()}
+    if total == 0:
+        return _completed(f"read 0 of 0 lines of {shown}; the file is empty", data)
+    return _completed(f"read {total} of {_plural(total, 'line')} of {shown}", data)
+
+
+class _Digest(Protocol):
+    """What read_file needs of its `hashlib.sha256()`."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def _read_by_lines(
+    fd: int, shown: str, args: ReadFileArgs, digest: _Digest, block: bytes, eof: bool
+) -> ToolReport:
+    """read_file line by line, from the sniffed `block` (`_fd_sniff`) on: an offset, a limit,
+    a cap, a file longer than its sniff, or one `_whole_text` leaves to this (it names the
+    failure of a binary file)."""
     start = args.offset if args.offset is not None else 1
     want = READ_MAX_LINES if args.limit is None else min(args.limit, READ_MAX_LINES)
     capped_by_lines = args.limit is None or args.limit > READ_MAX_LINES
@@ -697,50 +730,35 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     total = 0  # lines seen so far; the whole file at the end
     stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
     note = ""  # why a cap stopped the read, with the offset to continue from
-    digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
-    whole: tuple[str, int] | None = None
-    try:
-        block, eof = _fd_sniff(fd, digest.update)
-        if eof and args.offset is None and args.limit is None:
-            whole = _whole_text(block)
-        if whole is None:
-            for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update, block, eof):
-                total += 1
-                if total < start or stopped_at is not None:
-                    continue
-                if len(parts) == want:
-                    stopped_at = total
-                    if capped_by_lines:
-                        note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
-                elif size + len(raw) <= READ_MAX_BYTES:
-                    parts.append(text)
-                    size += len(raw)
-                elif parts:
-                    stopped_at = total
-                    note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
-                else:
-                    # One line over the byte cap: return its head, cut on a character boundary
-                    # (the line decoded whole, so only the last character can be partial).
-                    cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
-                    parts.append(cut)
-                    size = len(cut.encode("utf-8"))
-                    stopped_at = total + 1
-                    note = (
-                        f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
-                        f" to its first {size} bytes"
-                    )
-    except OSError as e:
-        raise os_failure(e, shown, "read") from None
-    finally:
-        os.close(fd)
+    for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update, block, eof):
+        total += 1
+        if total < start or stopped_at is not None:
+            continue
+        if len(parts) == want:
+            stopped_at = total
+            if capped_by_lines:
+                note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
+        elif size + len(raw) <= READ_MAX_BYTES:
+            parts.append(text)
+            size += len(raw)
+        elif parts:
+            stopped_at = total
+            note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
+        else:
+            # One line over the byte cap: return its head, cut on a character boundary
+            # (the line decoded whole, so only the last character can be partial).
+            cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
+            parts.append(cut)
+            size = len(cut.encode("utf-8"))
+            stopped_at = total + 1
+            note = (
+                f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
+                f" to its first {size} bytes"
+            )
     if note and stopped_at is not None and stopped_at <= total:
         note += f"; continue with offset={stopped_at}"
-    if whole is not None:
-        content, total = whole
-        n = total
-    else:
-        content = "".join(parts)
-        n = len(parts)
+    content = "".join(parts)
+    n = len(parts)
     data = {"content": content, "lines": n, "total_lines": total, "sha256": digest.hexdigest()}
     if total == 0:
         text = f"read 0 of 0 lines of {shown}; the file is empty"
