@@ -98,13 +98,17 @@ class Codec:
             if self.encoding == "json":
                 if not isinstance(frame, str):
                     raise MessageError("toolwire.v1.json takes text frames, not binary ones", {})
-                if self._checks_bounds and _may_exceed(frame, may_exceed):
+                if self._checks_bounds and (
+                    may_exceed_bounds(frame) if may_exceed is None else may_exceed
+                ):
                     self._check_bounds(self._json_any.decode(frame))
                 message = self._json_decoder.decode(frame)
             else:
                 if not isinstance(frame, bytes):
                     raise MessageError("toolwire.v1.msgpack takes binary frames, not text ones", {})
-                if self._checks_bounds and _may_exceed(frame, may_exceed):
+                if self._checks_bounds and (
+                    may_exceed_bounds(frame) if may_exceed is None else may_exceed
+                ):
                     self._check_bounds(self._msgpack_any.decode(frame))
                 message = self._msgpack_decoder.decode(frame)
         except msgspec.DecodeError as exc:
@@ -186,7 +190,3 @@ def json_schema() -> dict[str, Any]:
         "oneOf": [{"$ref": "#/$defs/ClientToAgent"}, {"$ref": "#/$defs/AgentToClient"}],
         "$defs": components,
     }
-
-
-def _may_exceed(frame: str | bytes, known: bool | None) -> bool:
-    return may_exceed_bounds(frame) if known is None else known
