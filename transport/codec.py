@@ -7,6 +7,7 @@ objects, which are several times faster than the module-level functions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
 import msgspec
@@ -74,6 +75,11 @@ class Codec:
         self._encoder: msgspec.json.Encoder | msgspec.msgpack.Encoder = (
             msgspec.json.Encoder() if encoding == "json" else msgspec.msgpack.Encoder()
         )
+        # One protocol message as a WebSocket message's payload: UTF-8 JSON (always valid:
+        # msgspec refuses lone surrogates) for a text frame, or MessagePack for a binary one.
+        # The encoder's own method, not one of this class that calls it: the sender encodes
+        # every message through it (one Python call fewer per message).
+        self.encode_bytes: Callable[[msgspec.Struct], bytes] = self._encoder.encode
 
     def encode(self, message: msgspec.Struct) -> str | bytes:
         """One protocol message as one WebSocket message: str for JSON, bytes for msgpack."""
@@ -82,11 +88,6 @@ class Codec:
             # msgspec emits UTF-8 bytes; a text frame needs str. Decoding valid UTF-8 is cheap.
             return data.decode()
         return data
-
-    def encode_bytes(self, message: msgspec.Struct) -> bytes:
-        """One protocol message as a WebSocket message's payload: UTF-8 JSON (always valid:
-        msgspec refuses lone surrogates) for a text frame, or MessagePack for a binary one."""
-        return self._encoder.encode(message)
 
     def decode(self, frame: str | bytes, may_exceed: bool | None = None) -> Any:
         """Decode one WebSocket message into a protocol Struct, or raise MessageError. A value
