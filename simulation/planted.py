@@ -9,8 +9,6 @@ seeds.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 
 from toolwire.actors.chat_state import ChatState
@@ -83,7 +81,7 @@ class LostOutputChunk(ChatState):
     """An `attach` resumes one byte past the offset it asked for: that byte is never sent."""
 
     def _on_attach(self, req: AttachRequest) -> None:
-        super()._on_attach(replace(req, from_offset=req.from_offset + 1))
+        super()._on_attach(msgspec.structs.replace(req, from_offset=req.from_offset + 1))
 
 
 class TurnMissingResult(ChatState):
@@ -112,7 +110,7 @@ class WriteIgnoresExpected(ChatState):
                     else entry
                     for entry in args["files"]
                 ]
-            req = replace(req, spec=replace(spec, args=args))
+            req = msgspec.structs.replace(req, spec=msgspec.structs.replace(spec, args=args))
         super()._on_call(req)
 
 
