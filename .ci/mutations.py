@@ -94,15 +94,15 @@ MUTATIONS = [
     Mutation(
         "a detach keeps the follow exactly while a request on it waits for the live result",
         CHAT_STATE,
-        "self._emit(Detach(conn, call_id, keep))\n",
-        "self._emit(Detach(conn, call_id, False))\n",
+        "self._out.append(Detach(conn, call_id, keep))\n",
+        "self._out.append(Detach(conn, call_id, False))\n",
         MACHINE,
         ("b.detach_keep",),
     ),
     Mutation(
         "5.2 shrink: an ended command's retention shrinks to the result's size",
         CHAT_STATE,
-        "        self._emit(ShrinkOutput(event.call_id))\n",
+        "        self._out.append(ShrinkOutput(event.call_id))\n",
         "        pass\n",
         MACHINE,
         ("p.output_kept",),
@@ -112,14 +112,14 @@ MUTATIONS = [
         CHAT_STATE,
         "    def _on_process_exited(self, event: ProcessExited) -> None:\n",
         "    def _on_process_exited(self, event: ProcessExited) -> None:\n"
-        "        self._emit(ShrinkOutput(event.call_id))\n",
+        "        self._out.append(ShrinkOutput(event.call_id))\n",
         MACHINE,
         ("p.shrunk_early",),
     ),
     Mutation(
         "5.2 listing: an exited command leaves `process_list` `exited_retention_s` after its exit",
         CHAT_STATE,
-        "            self._emit(DropProcess(call_id))\n",
+        "            self._out.append(DropProcess(call_id))\n",
         "            pass\n",
         MACHINE,
         ("p.listed_too_long",),
@@ -195,9 +195,9 @@ MUTATIONS = [
         CHAT_STATE,
         "        if not self.records:\n"
         "            if event.approved_tools and self.config.journal_enabled:\n"
-        "                self._emit(JournalForgetApprovals())\n"
+        "                self._out.append(JournalForgetApprovals())\n"
         "            if event.closed:\n"
-        "                self._emit(JournalReopen())\n"
+        "                self._out.append(JournalReopen())\n"
         "            return\n",
         "        if not self.records:\n            return\n",
         MACHINE,
@@ -206,8 +206,8 @@ MUTATIONS = [
     Mutation(
         "same: nothing of them is restored onto a chat without records",
         CHAT_STATE,
-        "                self._emit(JournalReopen())\n            return\n",
-        "                self._emit(JournalReopen())\n",
+        "                self._out.append(JournalReopen())\n            return\n",
+        "                self._out.append(JournalReopen())\n",
         MACHINE,
         ("x.close_not_restored",),
     ),
@@ -264,7 +264,7 @@ MUTATIONS = [
         "10.1 a restored process that is not re-adopted (gone unrecorded, or its record cannot "
         "take it back) is stopped and its file dropped, never left running unseen",
         CHAT_STATE,
-        "                self._emit(ReleaseKept(record.call_id))\n"
+        "                self._out.append(ReleaseKept(record.call_id))\n"
         "                # Gone without a recorded exit",
         "                pass\n                # Gone without a recorded exit",
         "test_a_held_command_whose_record_cannot_take_it_back_is_released_not_left_running",
@@ -297,8 +297,8 @@ MUTATIONS = [
         "a turn's calls start only once its paths are resolved; nothing of the turn is sent "
         "before its plan",
         CHAT_STATE,
-        "        self._emit(ResolveTurn(req.turn_id, req.specs))\n",
-        "        self._emit(ResolveTurn(req.turn_id, req.specs))\n"
+        "        self._out.append(ResolveTurn(req.turn_id, req.specs))\n",
+        "        self._out.append(ResolveTurn(req.turn_id, req.specs))\n"
         "        self._on_turn_planned(\n"
         "            TurnPlanned(req.turn_id, (planner.BARRIER_RESERVATION,) * len(call_ids))\n"
         "        )\n",
@@ -327,7 +327,8 @@ MUTATIONS = [
     Mutation(
         "a command being spawned holds its process slot until the keeper answers",
         CHAT_STATE,
-        "            self._launching[record.call_id] = None\n            call.spawning = True\n",
+        "            self._hold_slot(self._launching, record.call_id)\n"
+        "            call.spawning = True\n",
         "            call.spawning = True\n",
         "test_a_command_being_spawned_holds_its_process_slot_and_keeps_the_chat",
         (),

@@ -2,10 +2,11 @@
 memory and processes running, over all chats. Pure: no trio, no I/O.
 
 Per-chat limits alone let a client spread its load: 64 processes per chat but any number of
-chats, records of 15,000 chats with no cap at all. Each chat's `ChatState` keeps these counts
-up to date (by how much one input changed its own) and checks them before it admits anything
-that would go past a limit, so a request over a limit is refused (`over_limit`, naming the
-limit) and changes nothing, and the agent never runs out of memory or processes instead.
+chats, records of 15,000 chats with no cap at all. Each chat keeps these counts up to date
+where its records and process slots come and go (its `RecordTable`, `ChatState._hold_slot` and
+`_free_slot`) and checks them before it admits anything that would go past a limit, so a
+request over a limit is refused (`over_limit`, naming the limit) and changes nothing, and the
+agent never runs out of memory or processes instead.
 """
 
 from __future__ import annotations

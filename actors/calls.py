@@ -3,8 +3,9 @@ names that every request path shares. Pure: no trio, no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from toolwire.actors.records import ToolCallRecord, args_fingerprint
 from toolwire.actors.results import ToolwireError
@@ -20,9 +21,10 @@ def shared_tool_name(name: str) -> str:
     return tool.name if tool is not None else name
 
 
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """A tool call as requested (a `call` message, or one call of a `turn`)."""
+class CallSpec(msgspec.Struct, frozen=True):
+    """A tool call as requested (a `call` message, or one call of a `turn`). A Struct, not a
+    frozen dataclass: one is made per call, and msgspec builds it in C (a frozen dataclass's
+    `__init__` runs Python bytecode and an `object.__setattr__` per field)."""
 
     call_id: str
     tool: str
@@ -32,7 +34,7 @@ class CallSpec:
     approval: bool = False
     # `args_fingerprint(tool, args)` where the transport computed it already, off the event
     # loop (a big message: `transport/big_messages.py`); None: ChatState computes it.
-    args_fingerprint: bytes | None = field(default=None, repr=False, compare=False)
+    args_fingerprint: bytes | None = None
     # The call's own `sandbox` (PROTOCOL.md 10.4), before the agent's floor; None: none asked.
     sandbox: SandboxPolicy | None = None
 

@@ -195,9 +195,9 @@ class ChatConfig:
     exited_retention_s: float = 3600.0
 
 
-@dataclass(eq=False, slots=True)
-class Follower:
-    """One connection following one call: how it follows and how many results it is owed."""
+class Follower(msgspec.Struct, eq=False):
+    """One connection following one call: how it follows and how many results it is owed.
+    (Like `CallState`, a Struct: made per call, built in C.)"""
 
     stream: bool = False
     resolved_events: bool = False  # approval_resolved even without stream (a turn's calls)
@@ -208,15 +208,16 @@ class Follower:
     answer_only: bool = False
 
 
-@dataclass(eq=False, slots=True)
-class CallState:
+class CallState(msgspec.Struct, eq=False):
     """What the chat keeps for a call until its result is published (the record keeps the
-    rest: state, outcome, result; a published call needs nothing else)."""
+    rest: state, outcome, result; a published call needs nothing else). A Struct, not a
+    dataclass: one is made per call, and msgspec builds it in C (a dataclass's `__init__` runs
+    three bytecodes a field, and it has thirteen)."""
 
     spec: CallSpec
     parsed: msgspec.Struct | None = None
     invalid: str | None = None  # why the args are unusable (turn calls only: fails when run)
-    followers: dict[Conn, Follower] = field(default_factory=dict)
+    followers: dict[Conn, Follower] = msgspec.field(default_factory=dict)
     started: StartedEvent | None = None
     gate_open: bool = False
     # Between the start (the record says RUNNING) and the durable start that lets the effect
@@ -401,9 +402,7 @@ class ChatState:
         "_listed",
         "_now",
         "_out",
-        "_processes_base",
         "_reading",
-        "_records_base",
         "_replies",
         "_running_processes",
         "_segment_turns",
@@ -432,14 +431,14 @@ class ChatState:
         self.chat_id = chat_id
         self.config = config
         # The agent-wide bounds (records, processes) this chat shares with every other, kept
-        # up to date by `handle`; None: this chat counts against nothing (pure tests, sims).
+        # up to date as records and process slots come and go (the record table counts the
+        # records, `_hold_slot` and `_free_slot` the processes); None: this chat counts
+        # against nothing (pure tests, sims).
         self.budget = budget
-        self._records_base = 0
-        self._processes_base = 0
         # The agent's recent results (shared by its chats): with a journal that keeps results,
         # a published record's result lives there or in the journal, not in the record.
         self.results = results
-        self.records = RecordTable()
+        self.records = RecordTable(budget)
         self.calls: dict[str, CallState] = {}
         self.turns: dict[str, TurnState] = {}
         self.groups: dict[str, GroupState] = {}
@@ -479,6 +478,8 @@ class ChatState:
         self._to_advance: list[TurnState] = _IDLE
         self._now = 0.0
         self._wall_ms = 0
+        # The effects of the input being applied, appended to directly (an `_emit` method
+        # cost a Python call per effect, four per trivial call).
         self._out: list[Effect] = _IDLE
 
     # -----------------------------------------------------------------------------------------
@@ -492,33 +493,17 @@ class ChatState:
         self._out = out
         if self._to_advance is not _IDLE:
             self._to_advance = _IDLE  # left over by an input that raised
-        budget = self.budget
-        if budget is None:
-            self._handle(event)
-        else:
-            # The counts read directly, not through `running_process_count`: this runs twice
-            # for every call, the hot path of the trivial-call benchmark.
-            records, running, launching = self.records, self._running_processes, self._launching
-            self._records_base = records_base = len(records)
-            self._processes_base = processes_base = len(running) + len(launching)
-            try:
-                self._handle(event)
-            finally:
-                # What this input changed, counted once it is over (a refusal changed nothing).
-                budget.records += len(records) - records_base
-                budget.processes += len(running) + len(launching) - processes_base
-        self._out = _IDLE
-        return out
-
-    def _handle(self, event: Input) -> None:
+        # (What follows is in this one method, not a second one it calls: it runs twice per
+        # trivial call.)
         self._handlers[type(event)](self, event)
-        advanced = 0
-        while advanced < len(self._to_advance):
-            run = self._to_advance[advanced]
-            advanced += 1
-            run.to_advance = False
-            self._next_segment(run)
-        self._to_advance = _IDLE
+        if self._to_advance is not _IDLE:  # a turn's segment ended (most inputs end none)
+            advanced = 0
+            while advanced < len(self._to_advance):
+                run = self._to_advance[advanced]
+                advanced += 1
+                run.to_advance = False
+                self._next_segment(run)
+            self._to_advance = _IDLE
         replies = self._replies
         if replies is not None:
             # Whatever an input reports on a call (its group stopped, gone, its process
@@ -527,6 +512,8 @@ class ChatState:
             if call_id is not None:
                 replies.wake(call_id)
             self._settle()
+        self._out = _IDLE
+        return out
 
     @property
     def idle(self) -> bool:
@@ -542,6 +529,22 @@ class ChatState:
             or self._listed
         )
 
+    def _hold_slot(self, slots: dict[str, None], call_id: str) -> None:
+        """`call_id` holds a process slot (`slots`: `_launching` or `_running_processes`),
+        counted in the agent's budget at once. (Counted where slots come and go, not by
+        counting both before and after every input, which cost every input four `len` calls
+        and a `try`, twice per trivial call.)"""
+        if call_id not in slots:
+            slots[call_id] = None
+            if self.budget is not None:
+                self.budget.processes += 1
+
+    def _free_slot(self, slots: dict[str, None], call_id: str) -> None:
+        if call_id in slots:
+            del slots[call_id]
+            if self.budget is not None:
+                self.budget.processes -= 1
+
     @property
     def running_process_count(self) -> int:
         return len(self._running_processes) + len(self._launching)
@@ -551,9 +554,6 @@ class ChatState:
         """Replies decided but held until what they report on is over (a cancel_result, an
         interrupted, a chat_closed, the shutdown's end): a quiet chat holds none."""
         return 0 if self._replies is None else self._replies.count
-
-    def _emit(self, effect: Effect) -> None:
-        self._out.append(effect)
 
     def _advance_after(self, run: TurnState) -> None:
         """Start the turn's next segment at the end of this input (once: `run.to_advance`)."""
@@ -582,7 +582,8 @@ class ChatState:
         fingerprint = spec.fingerprint()
         admission, record = self.records.admit(
             spec.call_id,
-            shared_tool_name(spec.tool),
+            # The registry's own string (what `shared_tool_name` returns), at hand for a new call.
+            tool.name if tool is not None else shared_tool_name(spec.tool),
             fingerprint,
             self._now,
             initial_state=RecordState.QUEUED,
@@ -610,7 +611,7 @@ class ChatState:
             if not gated and self._answers_at_once(tool):
                 call.held_accepted = (req.conn, accepted)
                 first = ()
-            self._emit(
+            self._out.append(
                 Follow(
                     req.conn,
                     spec.call_id,
@@ -661,7 +662,7 @@ class ChatState:
         if held is not None:
             call.held_accepted = None
             conn, accepted = held
-            self._emit(Send(conn, accepted))  # a reply: sent even to a detached follower
+            self._out.append(Send(conn, accepted))  # a reply: sent even to a detached follower
 
     def _on_attach(self, req: AttachRequest) -> None:
         record = self.records.attach(req.call_id, self._now)
@@ -707,7 +708,7 @@ class ChatState:
                     follower.stream = follower.resolved_events = False
                 else:
                     del call.followers[conn]
-        self._emit(Detach(conn, call_id, keep))
+        self._out.append(Detach(conn, call_id, keep))
 
     def _on_approve(self, req: ApproveRequest) -> None:
         record = self.records.get(req.call_id)
@@ -736,7 +737,7 @@ class ChatState:
         budget = self.budget
         if budget is None or new == 0:
             return
-        held = budget.records + len(self.records) - self._records_base
+        held = budget.records
         if held + new > budget.max_records:
             raise ToolwireError(
                 "over_limit",
@@ -750,8 +751,7 @@ class ChatState:
         budget = self.budget
         if budget is None:
             return False
-        running = budget.processes + self.running_process_count - self._processes_base
-        return running >= budget.max_processes
+        return budget.processes >= budget.max_processes
 
     def _check_ids(self, what: str, count: int) -> None:
         limit = self.config.max_ids_per_request
@@ -844,7 +844,7 @@ class ChatState:
         # Nothing of the turn is sent before its plan: this request is answered with it.
         counts = self._request_counts(call_ids)
         run.asks.append(TurnAsk(req.conn, req.stream, req.rid, frozenset(created), counts))
-        self._emit(ResolveTurn(req.turn_id, req.specs))
+        self._out.append(ResolveTurn(req.turn_id, req.specs))
 
     def _request_counts(self, call_ids: list[str]) -> tuple[int, ...]:
         record = self.records.get
@@ -945,7 +945,7 @@ class ChatState:
             # After the rows of the gates it closed (commits keep their order): a close that
             # survives a crash never finds a gate parked again that could still be approved.
             self._close_row = _CLOSE_QUEUED
-            self._emit(JournalClose(self._wall_ms, CloseDurable()))
+            self._out.append(JournalClose(self._wall_ms, CloseDurable()))
 
         def chat_closed(ended: list[str]) -> Event:
             # Of those, the ones whose process came and was stopped (`canceled`): a spawn that
@@ -1105,7 +1105,7 @@ class ChatState:
             # Published means durable: a result is never sent before the journal holds it.
             # A repeated `call` of an ended call gets its result only; an `attach` replays the
             # retained output from its offset first (PROTOCOL.md 9.9).
-            self._emit(
+            self._out.append(
                 Follow(conn, record.call_id, stream, False, events, FollowMode.REPLAY, from_offset)
             )
             self._deliver(
@@ -1128,7 +1128,7 @@ class ChatState:
         )
         follower = self._follower(call, conn, stream=stream)
         follower.owed += 1
-        self._emit(
+        self._out.append(
             Follow(
                 conn,
                 record.call_id,
@@ -1160,7 +1160,7 @@ class ChatState:
         assert run.segments is not None, f"turn {run.turn_id} followed before its plan"
         if not run.finished:
             run.followers.append(conn)
-        self._emit(Send(conn, TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid)))
+        self._out.append(Send(conn, TurnPlanEvent(self.chat_id, run.turn_id, run.segments, rid)))
         for i, call_id in enumerate(run.call_ids):
             record = self.records.get(call_id)
             if record is None:
@@ -1184,7 +1184,9 @@ class ChatState:
             events: tuple[Event, ...] = ()
             if record.state is RecordState.AWAITING_APPROVAL:
                 events = (self._approval_event(record, call),)
-            self._emit(Follow(conn, call_id, follower.stream, True, events, FollowMode.SUBSCRIBE))
+            self._out.append(
+                Follow(conn, call_id, follower.stream, True, events, FollowMode.SUBSCRIBE)
+            )
         if run.finished:
             # After each call's result above: deliveries keep their order.
             self._deliver(
@@ -1211,9 +1213,9 @@ class ChatState:
             return
         call.gate_open = False
         if self.config.approval_timeout_s is not None:
-            self._emit(CancelTimer((record.call_id, "gate")))
+            self._out.append(CancelTimer((record.call_id, "gate")))
         resolved = ApprovalResolvedEvent(self.chat_id, record.call_id, decision)
-        self._emit(Publish(record.call_id, resolved, self._streaming(call, resolved=True)))
+        self._out.append(Publish(record.call_id, resolved, self._streaming(call, resolved=True)))
 
     def _answer(
         self, record: ToolCallRecord, approved: bool, reason: str | None, *, approver: Conn | None
@@ -1232,7 +1234,7 @@ class ChatState:
             ):
                 # The approver learns that its answer took effect even when it does not follow
                 # the call (another replica raised the gate): the one reply an `approve` gets.
-                self._emit(
+                self._out.append(
                     Send(approver, ApprovalResolvedEvent(self.chat_id, record.call_id, decision))
                 )
         if approved:
@@ -1246,7 +1248,7 @@ class ChatState:
             return
         self.approved_tools += (tool,)
         if self.config.journal_enabled:
-            self._emit(JournalApproveTool(tool))
+            self._out.append(JournalApproveTool(tool))
 
     def _open_approved(self, tool: str) -> None:
         """Approve every gate of `tool` parked in the chat (scope "chat"), in arrival order."""
@@ -1281,9 +1283,9 @@ class ChatState:
             self.records.park(record)
             self._journal_write(record)
             call.gate_open = True
-            self._emit(Publish(record.call_id, self._approval_event(record, call)))
+            self._out.append(Publish(record.call_id, self._approval_event(record, call)))
             if self.config.approval_timeout_s is not None:
-                self._emit(
+                self._out.append(
                     StartTimer(
                         (record.call_id, "gate"),
                         self._now + self.config.approval_timeout_s,
@@ -1311,7 +1313,7 @@ class ChatState:
             return
         tool = TOOLS[call.spec.tool]
         if tool.kind is ToolKind.EXECUTE:
-            self._launching[record.call_id] = None
+            self._hold_slot(self._launching, record.call_id)
         self.records.begin(record)
         record.started_at_ms = self._wall_ms
         call.start_pending = True
@@ -1328,7 +1330,7 @@ class ChatState:
             return
         # The effect waits until the journal holds "started", so a crash can never forget a
         # call that ran (it comes back `unknown`, never runs twice).
-        self._emit(JournalWrite(self._row(record, call), StartDurable(record.call_id)))
+        self._out.append(JournalWrite(self._row(record, call), StartDurable(record.call_id)))
 
     def _on_start_durable(self, event: StartDurable) -> None:
         record = self.records.get(event.call_id)
@@ -1345,7 +1347,7 @@ class ChatState:
         if record.cancel_requested or self.shutting_down:
             # A cancel (or the agent's shutdown) came while the start was on its way to disk:
             # nothing happened.
-            self._launching.pop(record.call_id, None)
+            self._free_slot(self._launching, record.call_id)
             self._finish(
                 record, self._plain_result(record, Outcome.NOT_RUN, TEXT_CANCELED_BEFORE_RUN)
             )
@@ -1354,7 +1356,7 @@ class ChatState:
         tool = TOOLS[call.spec.tool]
         assert call.parsed is not None
         if tool.kind is ToolKind.EXECUTE:
-            self._launching.pop(record.call_id, None)
+            self._free_slot(self._launching, record.call_id)
             why = None
             if self.running_process_count >= self.config.max_processes_per_chat:
                 limit = self.config.max_processes_per_chat
@@ -1374,12 +1376,12 @@ class ChatState:
                 return
             started_at_ms = record.started_at_ms or self._wall_ms
             # It holds its process slot until the shell says whether it started.
-            self._launching[record.call_id] = None
+            self._hold_slot(self._launching, record.call_id)
             call.spawning = True
-            self._emit(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
+            self._out.append(Spawn(record.call_id, call.parsed, started_at_ms, call.spec.sandbox))
             return
         call.stoppable = tool.stoppable
-        self._emit(
+        self._out.append(
             RunTool(record.call_id, tool.name, call.parsed, tool.runs_on_loop, call.spec.sandbox)
         )
 
@@ -1427,7 +1429,7 @@ class ChatState:
         """An exception inside the agent while running or carrying out this call: end the
         call truthfully, so no request, repeat, attach, cancel or interrupt waits on it forever
         (PROTOCOL.md 9.9, 9.10)."""
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         call = self.calls.get(event.call_id)
         if call is not None:
             # The shell gave up on a spawn it asked for (the keeper is gone): the command may
@@ -1451,7 +1453,7 @@ class ChatState:
         kept for this moment: a cancel (also an interrupt's, a close's or the shutdown's) stops
         its group now (`_process_started`). A command no call waits for any more (the shell
         gave up on its spawn, `ToolFailed`) is held only to be stopped."""
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         record = self.records.get(event.call_id)
         call = self.calls.get(event.call_id)
         if (
@@ -1471,7 +1473,7 @@ class ChatState:
         call_id = event.call_id
         if call_id in self.groups:
             return  # not a second group under one id: the first one's stop stands
-        self._running_processes[call_id] = None
+        self._hold_slot(self._running_processes, call_id)
         if self._listed is None:
             self._listed = {}
         self._listed[call_id] = ListedProcess()
@@ -1482,7 +1484,7 @@ class ChatState:
     def _process_started(self, record: ToolCallRecord, call: CallState, event: Spawned) -> None:
         """A call's command runs (spawned, or re-adopted after a restart): its group, its
         listing, its `started` and its timers."""
-        self._running_processes[event.call_id] = None
+        self._hold_slot(self._running_processes, event.call_id)
         if self._listed is None:
             self._listed = {}
         self._listed[event.call_id] = ListedProcess()
@@ -1490,13 +1492,13 @@ class ChatState:
         self.groups[event.call_id] = group
         if call.kill_at is not None and isinstance(call.parsed, ExecuteArgs):
             group.kill_after_ms = call.parsed.kill_after_ms
-            self._emit(
+            self._out.append(
                 StartTimer((record.call_id, "kill_after"), call.kill_at, KillAfter(record.call_id))
             )
         call.started = StartedEvent(
             self.chat_id, record.call_id, record.started_at_ms or 0, event.pid
         )
-        self._emit(Publish(record.call_id, call.started, self._streaming(call)))
+        self._out.append(Publish(record.call_id, call.started, self._streaming(call)))
         if record.cancel_requested:
             # Canceled while it was being spawned (5.3; an interrupt, a close or the shutdown
             # likewise): stopped now, as a running command is; it ends `canceled` unless it
@@ -1510,14 +1512,14 @@ class ChatState:
             self._finish(record, self._execute_result(record, event.snapshot, Outcome.COMPLETED))
             return
         if record.deadline is not None:
-            self._emit(
+            self._out.append(
                 StartTimer(
                     (record.call_id, "deadline"), record.deadline, Deadline(record.call_id, None)
                 )
             )
 
     def _on_spawn_failed(self, event: SpawnFailed) -> None:
-        self._launching.pop(event.call_id, None)
+        self._free_slot(self._launching, event.call_id)
         call = self.calls.get(event.call_id)
         if call is not None:
             call.spawning = False
@@ -1532,7 +1534,7 @@ class ChatState:
         )
 
     def _on_process_exited(self, event: ProcessExited) -> None:
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         listed = self._listed_process(event.call_id)
         if listed is not None and listed.exited_at is None:
             listed.exited_at = self._now
@@ -1548,7 +1550,7 @@ class ChatState:
             # result, and with it the cancel's reply, waits until every member has exited or
             # been killed, and carries what they printed meanwhile.
             return
-        self._emit(CancelTimer((record.call_id, "deadline")))
+        self._out.append(CancelTimer((record.call_id, "deadline")))
         if group is not None and group.killed_after and group.kill_after_ms is not None:
             # Stopped by its keeper at its hard deadline while no agent ran (10.1).
             self._finish_killed_after(record, event.snapshot, group.kill_after_ms)
@@ -1561,7 +1563,7 @@ class ChatState:
         with the output read up to then; for the rest it counts as exited."""
         record = self.records.get(event.call_id)
         if record is not None and record.state is RecordState.RUNNING:
-            self._emit(CancelTimer((record.call_id, "deadline")))
+            self._out.append(CancelTimer((record.call_id, "deadline")))
             self._finish(
                 record,
                 self._execute_result(
@@ -1572,7 +1574,7 @@ class ChatState:
 
     def _on_output_closed(self, event: OutputClosed) -> None:
         # Nothing can print any more: an exited process keeps at most the result's size (5.2).
-        self._emit(ShrinkOutput(event.call_id))
+        self._out.append(ShrinkOutput(event.call_id))
         listed = self._listed_process(event.call_id)
         if listed is not None:
             listed.output_closed = True
@@ -1592,7 +1594,7 @@ class ChatState:
             and not group.watched
         ):
             group.watched = True
-            self._emit(WatchGroup(call_id))
+            self._out.append(WatchGroup(call_id))
 
     def _on_group_gone(self, event: GroupGone) -> None:
         group = self.groups.get(event.call_id)
@@ -1620,7 +1622,7 @@ class ChatState:
         if event.snapshot.exited or (group is not None and group.stopping is not None):
             return  # it ended first (its exit is on the way), or a cancel is stopping it
         # The process runs on; its exit is recorded whenever it comes.
-        self._emit(MarkTimedOut(record.call_id))
+        self._out.append(MarkTimedOut(record.call_id))
         result = self._execute_result(record, event.snapshot, Outcome.TIMED_OUT, timed_out=True)
         self._finish(record, result)
 
@@ -1656,7 +1658,7 @@ class ChatState:
             if group is not None:
                 self._stop_group(call_id, unless_exited=True)
             elif call is not None and call.stoppable:
-                self._emit(StopRun(call_id))
+                self._out.append(StopRun(call_id))
             # A write in a worker thread is not interrupted half-way: the cancel waits for it
             # and reports its real result, which is the truth. A start still on its way to
             # disk ends `not_run` when it gets there. A command still being spawned
@@ -1691,7 +1693,7 @@ class ChatState:
         if reason == "cancel":
             group.canceled = True
         group.lingering = reason == "linger"
-        self._emit(
+        self._out.append(
             StopGroup(
                 call_id,
                 self.config.kill_grace_s,
@@ -1715,7 +1717,7 @@ class ChatState:
                 # would find the group empty too (9.2, 9.3, 9.6).
                 del self.groups[event.call_id]
                 if group.kill_after_ms is not None:
-                    self._emit(CancelTimer((event.call_id, "kill_after")))
+                    self._out.append(CancelTimer((event.call_id, "kill_after")))
                 return
             if group.killed_after:
                 # Its hard deadline found no member alive: nothing was stopped (9.2).
@@ -1734,7 +1736,9 @@ class ChatState:
             # the same, as a cancel of an ended call stops it (5.3): the reply waits for it.
             # The call itself keeps its real result (not `canceled`: the cancel did not end it).
             group.stopping = "term"
-            self._emit(StopGroup(event.call_id, self.config.kill_grace_s, False, canceled=True))
+            self._out.append(
+                StopGroup(event.call_id, self.config.kill_grace_s, False, canceled=True)
+            )
 
     def _on_group_empty(self, event: GroupEmpty | GraceOver) -> None:
         """The grace is over (or nothing is left to give it to): SIGKILL whatever is left, so
@@ -1743,7 +1747,7 @@ class ChatState:
         if group is None or group.stopping != "term":
             return
         group.stopping = "kill"
-        self._emit(KillGroup(event.call_id))
+        self._out.append(KillGroup(event.call_id))
 
     def _on_group_lost(self, event: GroupLost) -> None:
         """A step on the group failed in the shell: the call ends `unknown` (its effect may
@@ -1758,12 +1762,12 @@ class ChatState:
             return
         if group.stopping != "kill":
             group.stopping = "kill"
-            self._emit(KillGroup(event.call_id))
+            self._out.append(KillGroup(event.call_id))
             return
         del self.groups[event.call_id]
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         if group.kill_after_ms is not None:
-            self._emit(CancelTimer((event.call_id, "kill_after")))
+            self._out.append(CancelTimer((event.call_id, "kill_after")))
 
     def _on_group_stopped(self, event: GroupStopped) -> None:
         group = self.groups.get(event.call_id)
@@ -1772,12 +1776,12 @@ class ChatState:
         group.stopping = None
         group.leader_exited = group.output_closed = True
         del self.groups[event.call_id]
-        self._running_processes.pop(event.call_id, None)
+        self._free_slot(self._running_processes, event.call_id)
         if group.kill_after_ms is not None and not group.killed_after:
-            self._emit(CancelTimer((event.call_id, "kill_after")))
+            self._out.append(CancelTimer((event.call_id, "kill_after")))
         record = self.records.get(event.call_id)
         if record is not None and record.state is RecordState.RUNNING:
-            self._emit(CancelTimer((record.call_id, "deadline")))
+            self._out.append(CancelTimer((record.call_id, "deadline")))
             if group.killed_after and group.kill_after_ms is not None:
                 self._finish_killed_after(record, event.snapshot, group.kill_after_ms)
                 return
@@ -1798,7 +1802,7 @@ class ChatState:
             record.cancel_requested = True
             call = self.calls.get(record.call_id)
             if call is not None and call.stoppable and record.call_id not in self.groups:
-                self._emit(StopRun(record.call_id))
+                self._out.append(StopRun(record.call_id))
             # A write on a worker thread ends on its own with its real result; a start on
             # its way to disk ends `not_run` when it gets there; a command being spawned is
             # stopped when its `Spawned` comes.
@@ -1818,7 +1822,7 @@ class ChatState:
                 seen[1] += 1
             return None
 
-        self._pending_reply(blocker, lambda: self._emit(ShutdownDone()))
+        self._pending_reply(blocker, lambda: self._out.append(ShutdownDone()))
 
     def _reply_cancel(self, conn: Conn, record: ToolCallRecord, received: bool, rid: Rid) -> None:
         call_id = record.call_id
@@ -1962,7 +1966,8 @@ class ChatState:
         """Save the one result and publish it once durable. The first finish wins."""
         if not self.records.finish(record, result):
             return
-        self._launching.pop(record.call_id, None)
+        if self._launching:
+            self._free_slot(self._launching, record.call_id)
         call = self.calls.get(record.call_id)
         if call is not None and (call.turn is not None or record.turn_id is not None):
             self._turn_slot_freed(record, call)  # a turn's call: its slot, or its place waiting
@@ -1972,7 +1977,7 @@ class ChatState:
         if not self.config.journal_enabled:
             self._publish(record)
             return
-        self._emit(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
+        self._out.append(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
 
     def _on_result_durable(self, event: ResultDurable) -> None:
         record = self.records.get(event.call_id)
@@ -1999,7 +2004,7 @@ class ChatState:
             return
         call.amended = True
         self.records.amend(record, self._failure_result(record))
-        self._emit(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
+        self._out.append(JournalWrite(self._row(record, call), ResultDurable(record.call_id)))
 
     def _publish(self, record: ToolCallRecord, *, unsaved: bool = False) -> None:
         """The saved result is durable (or, `unsaved`, the journal refused it): answer every
@@ -2018,16 +2023,17 @@ class ChatState:
             self.calls = {}  # an emptied dict keeps its grown table: 120 bytes per idle chat
         event = ResultEvent(self.chat_id, record.call_id, result)
         if call is not None:
-            self._send_held_accepted(call)
+            if call.held_accepted is not None:
+                self._send_held_accepted(call)
             for conn, follower in call.followers.items():
                 if follower.answer_only:  # no subscription: nothing to send it after
                     for _ in range(follower.owed):
-                        self._emit(Send(conn, event))
+                        self._out.append(Send(conn, event))
                 else:
                     for _ in range(follower.owed):
-                        self._emit(SendResult(conn, record.call_id, event))
+                        self._out.append(SendResult(conn, record.call_id, event))
                 follower.owed = 0
-        self._emit(CallEnded(record.call_id, result))
+        self._out.append(CallEnded(record.call_id, result))
         if self.config.journal_keeps_results and not unsaved:
             # Durable now, so the journal holds it: off the heap, but kept among the recent
             # results for the retry that often follows.
@@ -2040,7 +2046,8 @@ class ChatState:
                 if not run.to_advance:
                     run.to_advance = True
                     self._advance_after(run)
-        self._wake_replies(record.call_id)
+        if self._replies is not None:
+            self._replies.wake(record.call_id)
 
     def _deliver(self, call_ids: list[str], send: Callable[[list[Result]], list[Effect]]) -> None:
         """Send the saved results of published calls: at once when they are on the heap and
@@ -2087,7 +2094,7 @@ class ChatState:
                     self._lane_held[call_id] = found
         if wanted:
             self._reading = True
-            self._emit(ReadBack(tuple(dict.fromkeys(wanted))))
+            self._out.append(ReadBack(tuple(dict.fromkeys(wanted))))
         else:
             self._drain_lane()
 
@@ -2208,14 +2215,14 @@ class ChatState:
         forgotten = self.records.forget_expired(self._now, self.config.forget_after_s)
         for record in forgotten:
             if self.config.journal_enabled:
-                self._emit(JournalDelete(record.call_id))
+                self._out.append(JournalDelete(record.call_id))
             # A new call with this id is a new record: never answered with this result, not
             # from the cache and not from what the lane took for an earlier delivery (it keeps
             # what it took until its last delivery is out).
             self.results.discard((self.chat_id, record.call_id))
             self._lane_held.pop(record.call_id, None)
             self.calls.pop(record.call_id, None)
-            self._emit(Forgotten(record.call_id))
+            self._out.append(Forgotten(record.call_id))
         if forgotten and self.turns:
             # A finished turn goes with any of its calls (also one another request made): its
             # repeat is a new turn, never answered with a new record's result. (One pass for
@@ -2230,12 +2237,12 @@ class ChatState:
             self.closed = False
             if self._close_row == _CLOSE_DURABLE:
                 self._close_row = _NO_CLOSE_ROW
-                self._emit(JournalReopen())
+                self._out.append(JournalReopen())
         if self.approved_tools and not self.records:
             # "For as long as the chat has records" (9.5): the approval goes with the last one.
             self.approved_tools = ()
             if self.config.journal_enabled:
-                self._emit(JournalForgetApprovals())
+                self._out.append(JournalForgetApprovals())
 
     def _on_sweep(self, event: Sweep) -> None:
         self._forget_some()
@@ -2260,7 +2267,7 @@ class ChatState:
         ]
         for call_id in gone:
             del listed[call_id]
-            self._emit(DropProcess(call_id))
+            self._out.append(DropProcess(call_id))
         if not listed:
             self._listed = None
 
@@ -2297,11 +2304,11 @@ class ChatState:
 
     def _journal_write(self, record: ToolCallRecord) -> None:
         if self.config.journal_enabled and record.state is not RecordState.QUEUED:
-            self._emit(JournalWrite(self._row(record, self.calls.get(record.call_id))))
+            self._out.append(JournalWrite(self._row(record, self.calls.get(record.call_id))))
 
     def _journal_touch(self, record: ToolCallRecord) -> None:
         if self.config.journal_enabled and record.state is not RecordState.QUEUED:
-            self._emit(JournalTouch(record.call_id, self._wall_ms))
+            self._out.append(JournalTouch(record.call_id, self._wall_ms))
 
     def _on_restored(self, event: Restored) -> None:
         """Rebuild one record after a restart (PROTOCOL.md promise 1): a saved result is
@@ -2342,7 +2349,7 @@ class ChatState:
             if self.config.journal_keeps_results:
                 self.records.release_result(record)
             if kept is not None and not (kept.held and self._readopt(record, None, kept)):
-                self._emit(ReleaseKept(record.call_id))
+                self._out.append(ReleaseKept(record.call_id))
             # (A held one: its call returned, background or at its timeout_ms, and its process
             # goes on: listed, readable, stopped by its kill_after_ms as before, 10.1.)
             return
@@ -2352,7 +2359,7 @@ class ChatState:
             if kept is not None and kept.held and self._readopt(record, call, kept):
                 return
             if kept is not None:
-                self._emit(ReleaseKept(record.call_id))
+                self._out.append(ReleaseKept(record.call_id))
                 # Gone without a recorded exit (a reboot, or its keeper killed): `unknown`,
                 # with the output recorded up to then (10.1).
                 self._finish(
@@ -2370,7 +2377,7 @@ class ChatState:
                 call.invalid = exc.message
             call.gate_open = True
             if self.config.approval_timeout_s is not None:
-                self._emit(
+                self._out.append(
                     StartTimer(
                         (record.call_id, "gate"),
                         self._now + self.config.approval_timeout_s,
@@ -2387,9 +2394,9 @@ class ChatState:
         rows), the rows are dropped."""
         if not self.records:
             if event.approved_tools and self.config.journal_enabled:
-                self._emit(JournalForgetApprovals())
+                self._out.append(JournalForgetApprovals())
             if event.closed:
-                self._emit(JournalReopen())
+                self._out.append(JournalReopen())
             return
         for tool in event.approved_tools:
             if tool not in self.approved_tools:
@@ -2422,7 +2429,7 @@ class ChatState:
             if call.spec.timeout_ms:
                 record.deadline = self._now + call.spec.timeout_ms / 1000 - since_start_s
         self._adopting[record.call_id] = (parsed.kill_after_ms or None, kill_at, killed)
-        self._emit(Adopt(record.call_id))
+        self._out.append(Adopt(record.call_id))
         return True
 
     def _on_adopted(self, event: Adopted) -> None:
@@ -2434,7 +2441,7 @@ class ChatState:
         if record is not None and record.state is RecordState.RUNNING and call is not None:
             self._process_started(record, call, Spawned(event.call_id, event.pid, event.snapshot))
         else:
-            self._running_processes[event.call_id] = None
+            self._hold_slot(self._running_processes, event.call_id)
             if self._listed is None:
                 self._listed = {}
             self._listed[event.call_id] = ListedProcess()
@@ -2442,7 +2449,7 @@ class ChatState:
             self.groups[event.call_id] = group
             if kill_after_ms is not None and kill_at is not None and not killed:
                 group.kill_after_ms = kill_after_ms
-                self._emit(
+                self._out.append(
                     StartTimer((event.call_id, "kill_after"), kill_at, KillAfter(event.call_id))
                 )
         adopted = self.groups.get(event.call_id)
@@ -2452,7 +2459,7 @@ class ChatState:
             # with the deadline's text once it is gone (`_on_process_exited`).
             adopted.kill_after_ms = kill_after_ms
             adopted.killed_after = True
-            self._emit(MarkTimedOut(event.call_id))
+            self._out.append(MarkTimedOut(event.call_id))
 
     # -----------------------------------------------------------------------------------------
 

@@ -8,12 +8,15 @@ feeds what they report back in as new inputs, one at a time, in the order they h
 
 A connection is an opaque, hashable `Conn` here: the shell's outbox. `ChatState` only uses it
 as a key and hands it back in effects.
+
+Each is a frozen msgspec Struct, not a frozen dataclass: a trivial call makes half a dozen of
+them, and msgspec builds one in C, where a frozen dataclass's `__init__` runs Python bytecode
+and an `object.__setattr__` per field (docs/benchmarks.md, issue 29).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 
 import msgspec
 
@@ -27,8 +30,7 @@ from toolwire.actors.sandbox_policy import SandboxPolicy
 Conn = Hashable
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessSnapshot:
+class ProcessSnapshot(msgspec.Struct, frozen=True):
     """What a command has done so far, as its result tells it (PROTOCOL.md 5.2)."""
 
     process_id: str
@@ -44,8 +46,7 @@ class ProcessSnapshot:
 # Inputs: requests (each raises ToolwireError and changes nothing when it is refused)
 
 
-@dataclass(frozen=True, slots=True)
-class CallRequest:
+class CallRequest(msgspec.Struct, frozen=True):
     conn: Conn
     spec: CallSpec
     stream: bool
@@ -54,22 +55,19 @@ class CallRequest:
     from_offset: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class AttachRequest:
+class AttachRequest(msgspec.Struct, frozen=True):
     conn: Conn
     call_id: str
     from_offset: int
     rid: Rid
 
 
-@dataclass(frozen=True, slots=True)
-class DetachRequest:
+class DetachRequest(msgspec.Struct, frozen=True):
     conn: Conn
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ApproveRequest:
+class ApproveRequest(msgspec.Struct, frozen=True):
     conn: Conn
     call_id: str
     approved: bool
@@ -78,15 +76,13 @@ class ApproveRequest:
     scope: str = "call"
 
 
-@dataclass(frozen=True, slots=True)
-class CancelRequest:
+class CancelRequest(msgspec.Struct, frozen=True):
     conn: Conn
     call_ids: tuple[str, ...]
     rid: Rid
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRequest:
+class TurnRequest(msgspec.Struct, frozen=True):
     """A new turn is admitted at once, but planned only once the shell has resolved what its
     calls reserve (`ResolveTurn`, then `TurnPlanned`): resolving paths reads the filesystem."""
 
@@ -97,15 +93,13 @@ class TurnRequest:
     rid: Rid
 
 
-@dataclass(frozen=True, slots=True)
-class InterruptRequest:
+class InterruptRequest(msgspec.Struct, frozen=True):
     conn: Conn
     turn_id: str | None
     rid: Rid
 
 
-@dataclass(frozen=True, slots=True)
-class CloseChatRequest:
+class CloseChatRequest(msgspec.Struct, frozen=True):
     conn: Conn
     rid: Rid
 
@@ -114,70 +108,60 @@ class CloseChatRequest:
 # Inputs: what happened
 
 
-@dataclass(frozen=True, slots=True)
-class StartDurable:
+class StartDurable(msgspec.Struct, frozen=True):
     """The journal holds the call's "started" row: its effect may happen now."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ResultDurable:
+class ResultDurable(msgspec.Struct, frozen=True):
     """The journal holds the call's result: it may be sent."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class JournalFailed:
+class JournalFailed(msgspec.Struct, frozen=True):
     """The journal refused a row of this call (the shell logged why)."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ToolEnded:
+class ToolEnded(msgspec.Struct, frozen=True):
     call_id: str
     report: ToolReport
 
 
-@dataclass(frozen=True, slots=True)
-class ToolStopped:
+class ToolStopped(msgspec.Struct, frozen=True):
     """A wait that `StopRun` ended (process_output): the call was canceled while running."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ToolFailed:
+class ToolFailed(msgspec.Struct, frozen=True):
     """An exception inside the agent while running or carrying out this call (logged)."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Spawned:
+class Spawned(msgspec.Struct, frozen=True):
     call_id: str
     pid: int
     snapshot: ProcessSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class SpawnFailed:
+class SpawnFailed(msgspec.Struct, frozen=True):
     call_id: str
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessExited:
+class ProcessExited(msgspec.Struct, frozen=True):
     """The command's shell (the group's leader) exited and was reaped."""
 
     call_id: str
     snapshot: ProcessSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class HolderGone:
+class HolderGone(msgspec.Struct, frozen=True):
     """The keeper holding the command (PROTOCOL.md 10.1) is gone while this agent runs: its
     exit can no longer be learnt. The shell killed what was left of its group; `snapshot` has
     the output read up to then."""
@@ -186,61 +170,53 @@ class HolderGone:
     snapshot: ProcessSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class OutputClosed:
+class OutputClosed(msgspec.Struct, frozen=True):
     """Nothing holds the command's output pipe any more (no member of its group is left
     that could still print)."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class AlreadyExited:
+class AlreadyExited(msgspec.Struct, frozen=True):
     """A `StopGroup` found nothing to stop (the command already exited, or for a hard
     deadline no member of its group alive): nothing was signaled."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class GroupEmpty:
+class GroupEmpty(msgspec.Struct, frozen=True):
     """The process group of a command being stopped has no member left."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class GraceOver:
+class GraceOver(msgspec.Struct, frozen=True):
     """The kill grace of a stop ended with members still in the group."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class GroupStopped:
+class GroupStopped(msgspec.Struct, frozen=True):
     """After the SIGKILL: the group is gone (or never will be: an unkillable member)."""
 
     call_id: str
     snapshot: ProcessSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class GroupLost:
+class GroupLost(msgspec.Struct, frozen=True):
     """A step on the command's process group (a stop, a kill, a watch) failed in the shell at
     once (logged): what that step would have reported will never come."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class GroupGone:
+class GroupGone(msgspec.Struct, frozen=True):
     """A watched group (`WatchGroup`) has no member left."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class TurnPlanned:
+class TurnPlanned(msgspec.Struct, frozen=True):
     """What each call of the turn reserves, in request order, its paths canonical (the answer
     to `ResolveTurn`). `failure`: the shell could not resolve them (it logged why), and says
     what went wrong; `reservations` is then empty."""
@@ -250,45 +226,39 @@ class TurnPlanned:
     failure: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Deadline:
+class Deadline(msgspec.Struct, frozen=True):
     """A call's `timeout_ms` passed; the snapshot is its command's at that moment."""
 
     call_id: str
     snapshot: ProcessSnapshot | None
 
 
-@dataclass(frozen=True, slots=True)
-class GateExpired:
+class GateExpired(msgspec.Struct, frozen=True):
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class KillAfter:
+class KillAfter(msgspec.Struct, frozen=True):
     """A command's hard deadline (`kill_after_ms`, PROTOCOL.md 9.2) passed."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ResultsRead:
+class ResultsRead(msgspec.Struct, frozen=True):
     """Results read back from the journal for the deliveries waiting on them."""
 
     results: dict[str, Result]
 
 
-@dataclass(frozen=True, slots=True)
-class ResultsReadFailed:
+class ResultsReadFailed(msgspec.Struct, frozen=True):
     """The journal could not give back the saved results of `call_ids` (the read failed
     after its retries, or their rows are gone; the shell logged why); `results` holds what it
     did read of the same read-back."""
 
     call_ids: tuple[str, ...]
-    results: dict[str, Result] = field(default_factory=dict)
+    results: dict[str, Result] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class KeptCall:
+class KeptCall(msgspec.Struct, frozen=True):
     """What the keeper recorded of a record's command while no agent ran (PROTOCOL.md 10.1):
     the `execute` args it was started with, and whether its process is still there to re-adopt
     (`held`: running, or exited with its status recorded). One not held is gone unrecorded,
@@ -301,8 +271,7 @@ class KeptCall:
     killed_after: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Restored:
+class Restored(msgspec.Struct, frozen=True):
     """One record rebuilt from the journal after a restart; `kept` when the keeper recorded
     its command."""
 
@@ -311,8 +280,7 @@ class Restored:
     kept: KeptCall | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Adopted:
+class Adopted(msgspec.Struct, frozen=True):
     """The shell re-adopted a restored call's process (after `Adopt`)."""
 
     call_id: str
@@ -320,8 +288,7 @@ class Adopted:
     snapshot: ProcessSnapshot
 
 
-@dataclass(frozen=True, slots=True)
-class Recovered:
+class Recovered(msgspec.Struct, frozen=True):
     """Every record of this chat is rebuilt (`Restored`); what else the journal held for it:
     the tools it approved with scope "chat" (9.5) and whether its close row (9.6) was durable.
     ChatState decides what of it still holds."""
@@ -330,24 +297,20 @@ class Recovered:
     closed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class CloseDurable:
+class CloseDurable(msgspec.Struct, frozen=True):
     """The journal holds the chat's close row: its `chat_closed` may be sent."""
 
 
-@dataclass(frozen=True, slots=True)
-class CloseFailed:
+class CloseFailed(msgspec.Struct, frozen=True):
     """The journal refused the chat's close row (the shell logged why)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Shutdown:
+class Shutdown(msgspec.Struct, frozen=True):
     """The agent stops (PROTOCOL.md 9.3): every running call is stopped and saved, every
     process group stopped; nothing new starts. `ShutdownDone` says when it is over."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sweep:
+class Sweep(msgspec.Struct, frozen=True):
     """Periodic housekeeping: forget what expired."""
 
 
@@ -409,8 +372,7 @@ class FollowMode:
     ANSWER = "answer"
 
 
-@dataclass(frozen=True, slots=True)
-class Follow:
+class Follow(msgspec.Struct, frozen=True):
     """`conn` follows the call from now on (a detached follower follows again), `events` go
     to it first, in order; then, by `mode`: SUBSCRIBE leaves the cursor where it is (a new
     follow of a new call starts at `from_offset`, if given: PROTOCOL.md 10.2); LIVE places the
@@ -433,8 +395,7 @@ class Follow:
     rewind_only: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(msgspec.Struct, frozen=True):
     """One event to one connection, in order after what was sent before. `call_id`: the
     call whose follow it belongs to (the shell drops it for a detached follower unless it is
     a reply), or None for a reply of its own."""
@@ -444,8 +405,7 @@ class Send:
     call_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
+class Publish(msgspec.Struct, frozen=True):
     """An event of a call to the connections following it: those in `to`, or all of them
     (None). ChatState names them for a streamed event (`started`, `approval_resolved`): only a
     connection whose `accepted` of a request that brings the event was sent before, so nothing
@@ -456,8 +416,7 @@ class Publish:
     to: tuple[Conn, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult:
+class SendResult(msgspec.Struct, frozen=True):
     """The result one request on `conn` waits for, after the output it owes."""
 
     conn: Conn
@@ -465,8 +424,7 @@ class SendResult:
     event: Event
 
 
-@dataclass(frozen=True, slots=True)
-class SendReplay:
+class SendReplay(msgspec.Struct, frozen=True):
     """The saved result of an ended call for one more request: the retained output from
     `from_offset` first (an attach), or none (a repeated call)."""
 
@@ -476,8 +434,7 @@ class SendReplay:
     from_offset: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Detach:
+class Detach(msgspec.Struct, frozen=True):
     """`conn` stops receiving the call's events. `keep`: requests on it still wait for the
     call's result (each gets it: PROTOCOL.md 9.9), so the follow stays for them; without it
     the follow goes (a reply already queued for it still goes out)."""
@@ -487,15 +444,13 @@ class Detach:
     keep: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Forgotten:
+class Forgotten(msgspec.Struct, frozen=True):
     """The record is gone (5.4): whatever the shell keeps for the call goes too."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ShrinkOutput:
+class ShrinkOutput(msgspec.Struct, frozen=True):
     """The command's output ended (nothing can print to it any more): its retained output
     shrinks to the result's head and tail (PROTOCOL.md 5.2) once no connection still reads the
     full retention from its cursor."""
@@ -503,8 +458,7 @@ class ShrinkOutput:
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class CallEnded:
+class CallEnded(msgspec.Struct, frozen=True):
     """The call's result is durable and sent: count it and log it (operators)."""
 
     call_id: str
@@ -515,8 +469,7 @@ class CallEnded:
 # Effects: the journal
 
 
-@dataclass(frozen=True, slots=True)
-class JournalWrite:
+class JournalWrite(msgspec.Struct, frozen=True):
     """Write the row; feed `then` once it is durable (at once if it already is), or
     `JournalFailed(call_id)` if the journal refuses it."""
 
@@ -524,29 +477,24 @@ class JournalWrite:
     then: StartDurable | ResultDurable | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JournalTouch:
+class JournalTouch(msgspec.Struct, frozen=True):
     call_id: str
     wall_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class JournalDelete:
+class JournalDelete(msgspec.Struct, frozen=True):
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class JournalApproveTool:
+class JournalApproveTool(msgspec.Struct, frozen=True):
     tool: str
 
 
-@dataclass(frozen=True, slots=True)
-class JournalForgetApprovals:
+class JournalForgetApprovals(msgspec.Struct, frozen=True):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class JournalClose:
+class JournalClose(msgspec.Struct, frozen=True):
     """Write the chat's close row (9.6: it outlives a restart until the records are all
     forgotten); feed `then` once it is durable."""
 
@@ -554,13 +502,11 @@ class JournalClose:
     then: CloseDurable
 
 
-@dataclass(frozen=True, slots=True)
-class JournalReopen:
+class JournalReopen(msgspec.Struct, frozen=True):
     """Delete the chat's close row: its records are all forgotten, its id is free again."""
 
 
-@dataclass(frozen=True, slots=True)
-class ReadBack:
+class ReadBack(msgspec.Struct, frozen=True):
     """Read these calls' saved results back from the journal; feed `ResultsRead`."""
 
     call_ids: tuple[str, ...]
@@ -570,8 +516,7 @@ class ReadBack:
 # Effects: running
 
 
-@dataclass(frozen=True, slots=True)
-class ResolveTurn:
+class ResolveTurn(msgspec.Struct, frozen=True):
     """Find what each of the turn's calls reserves (PROTOCOL.md 5.6: paths canonicalised
     against the filesystem, actors/reservations.py), off the event loop when a path must be
     looked at; feed `TurnPlanned`."""
@@ -580,8 +525,7 @@ class ResolveTurn:
     specs: tuple[CallSpec, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class RunTool:
+class RunTool(msgspec.Struct, frozen=True):
     """Run a non-execute tool with its parsed args; feed `ToolEnded` (or `ToolFailed`).
     `on_loop`: run it right now on the loop (a short file operation); otherwise as a task."""
 
@@ -592,15 +536,13 @@ class RunTool:
     sandbox: SandboxPolicy | None = None  # the call's own (PROTOCOL.md 10.4), before the floor
 
 
-@dataclass(frozen=True, slots=True)
-class StopRun:
+class StopRun(msgspec.Struct, frozen=True):
     """End a cancelable wait (process_output) now; it feeds `ToolStopped`."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Spawn:
+class Spawn(msgspec.Struct, frozen=True):
     """Start the command in a process group of its own; feed `Spawned` or `SpawnFailed`
     (with a keeper, once it answered: other inputs may come first, and `ToolFailed` if it never
     does); then `ProcessExited` when its shell exits and `OutputClosed` when its output ends."""
@@ -611,16 +553,14 @@ class Spawn:
     sandbox: SandboxPolicy | None = None  # the call's own (PROTOCOL.md 10.4), before the floor
 
 
-@dataclass(frozen=True, slots=True)
-class Adopt:
+class Adopt(msgspec.Struct, frozen=True):
     """Re-adopt the restored call's process from the keeper as if it had just been spawned:
     feed `Adopted`, then `ProcessExited` and `OutputClosed` as for any spawn."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseKept:
+class ReleaseKept(msgspec.Struct, frozen=True):
     """A restored call's process is not re-adopted (gone without a recorded exit, or its record
     cannot take it back): the shell kills what is left of its group, if anything, and drops
     what the keeper recorded of it."""
@@ -628,8 +568,7 @@ class ReleaseKept:
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class StopGroup:
+class StopGroup(msgspec.Struct, frozen=True):
     """SIGTERM to the whole group, then feed `GroupEmpty` once it has no member or
     `GraceOver` after `grace_s` (PROTOCOL.md 5.3). With `unless_exited`, a command whose shell
     already exited is left alone and `AlreadyExited` is fed instead; with `only_if_alive`, so
@@ -646,8 +585,7 @@ class StopGroup:
     canceled: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class WatchGroup:
+class WatchGroup(msgspec.Struct, frozen=True):
     """The command's shell exited and its output pipe closed, but a member may live on that
     writes elsewhere (`nohup server >log 2>&1 &`): feed `GroupGone` once the group has no
     member. Until then closing the chat or stopping the agent stops it (PROTOCOL.md 9.3, 9.6)."""
@@ -655,30 +593,26 @@ class WatchGroup:
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class KillGroup:
+class KillGroup(msgspec.Struct, frozen=True):
     """SIGKILL to the whole group, then feed `GroupStopped` once it is gone."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class DropProcess:
+class DropProcess(msgspec.Struct, frozen=True):
     """The command exited and its output ended `exited_retention_s` ago: it leaves the
     chat's process listing (PROTOCOL.md 5.2), and `process_output` no longer knows it."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class MarkTimedOut:
+class MarkTimedOut(msgspec.Struct, frozen=True):
     """The command outlived its call's deadline: its listing says so from now on."""
 
     call_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class StartTimer:
+class StartTimer(msgspec.Struct, frozen=True):
     """Feed `fire` at trio time `at` unless `CancelTimer(key)` comes first."""
 
     key: tuple[str, str]
@@ -686,13 +620,11 @@ class StartTimer:
     fire: Deadline | GateExpired | KillAfter
 
 
-@dataclass(frozen=True, slots=True)
-class CancelTimer:
+class CancelTimer(msgspec.Struct, frozen=True):
     key: tuple[str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class ShutdownDone:
+class ShutdownDone(msgspec.Struct, frozen=True):
     """Every call the shutdown stopped has its result saved (durable) and every process group
     of the chat is gone."""
 

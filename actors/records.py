@@ -27,11 +27,11 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from toolwire.actors.budget import AgentBudget
 from toolwire.actors.results import Outcome, Result
 
 _fingerprint_encoder = msgspec.json.Encoder(order="sorted")
@@ -140,8 +140,9 @@ class CancelAction(enum.Enum):
     ALREADY_DONE = "already_done"  # the saved result stays; leftover processes may be killed
 
 
-@dataclass(eq=False, slots=True)
-class ToolCallRecord:
+class ToolCallRecord(msgspec.Struct, eq=False):
+    """One call id's record (a Struct: one is made per new call, and msgspec builds it in C)."""
+
     call_id: str
     tool: str | None  # None only for a cancel tombstone no call has named yet
     fingerprint: bytes | None
@@ -191,12 +192,15 @@ class TransitionError(Exception):
 class RecordTable:
     """All records of one chat, ordered by last touch so that forgetting is O(forgotten)."""
 
-    __slots__ = ("_records",)
+    __slots__ = ("_budget", "_records")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: AgentBudget | None = None) -> None:
         # A plain dict keeps insertion order, and a touch re-inserts: the same order as an
         # OrderedDict's move_to_end at about 50 bytes less per record (10,000 chats x 10).
         self._records: dict[str, ToolCallRecord] = {}
+        # The agent-wide count of records (issue 27), kept here where records come and go: a
+        # count before and after every input of the chat cost two calls of `len` per input.
+        self._budget = budget
 
     def __len__(self) -> int:
         return len(self._records)
@@ -212,6 +216,11 @@ class RecordTable:
         if record.call_id in self._records:
             raise TransitionError(f"{record.call_id} restored twice")
         self._records[record.call_id] = record
+        self._counted(1)
+
+    def _counted(self, added: int) -> None:
+        if self._budget is not None:
+            self._budget.records += added
 
     def touch(self, record: ToolCallRecord, now: float) -> None:
         """Every request, attach or cancel that names a record resets its age (5.4)."""
@@ -249,6 +258,7 @@ class RecordTable:
                 turn_id=turn_id,
             )
             self._records[call_id] = record
+            self._counted(1)
             if initial_state is RecordState.AWAITING_APPROVAL:
                 self.park(record)
             elif initial_state is RecordState.RUNNING:
@@ -357,6 +367,7 @@ class RecordTable:
                 touched_at=now,
             )
             self._records[call_id] = record
+            self._counted(1)
             record.cancel_requested = True
             return CancelAction.TOMBSTONED, record
         self.touch(record, now)
@@ -380,4 +391,6 @@ class RecordTable:
                 forgotten.append(record)
         for record in forgotten:
             del self._records[record.call_id]
+        if forgotten:
+            self._counted(-len(forgotten))
         return forgotten

@@ -46,13 +46,15 @@ class OpcodeCounter:
 
     def stop(self, path: str) -> None:
         sys.settrace(None)
-        out = {
-            f"{code.co_filename}:{code.co_firstlineno}({code.co_name})": [
-                self.entries.get(code, 0),
-                self.opcodes.get(code, 0),
-            ]
-            for code in set(self.entries) | set(self.opcodes)
-        }
+        # Summed by name: code objects may share one (every dataclass's generated `__init__`
+        # is `<string>:2(__init__)`), and a dict made from them would keep only the last.
+        out: dict[str, list[int]] = {}
+        for code in set(self.entries) | set(self.opcodes):
+            counts = out.setdefault(
+                f"{code.co_filename}:{code.co_firstlineno}({code.co_name})", [0, 0]
+            )
+            counts[0] += self.entries.get(code, 0)
+            counts[1] += self.opcodes.get(code, 0)
         with open(path, "w") as f:
             json.dump(out, f)
         self.entries, self.opcodes = {}, {}

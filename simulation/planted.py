@@ -9,8 +9,6 @@ seeds.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 
 from toolwire.actors.chat_state import ChatState
@@ -36,8 +34,12 @@ from toolwire.actors.results import (
 def _forget(state: ChatState, call_id: str) -> None:
     """Drop one record as if it had never been, through RecordTable's public surface only: a
     new table holds the others, restored in their touch order (iteration order), as the
-    journal's restore does. The planted bugs below that forget a saved result use it."""
-    kept = RecordTable()
+    journal's restore does. The planted bugs below that forget a saved result use it. (The new
+    table counts what it restores in the agent's budget, as the old one counted its records:
+    the old one's count goes with it.)"""
+    if state.budget is not None:
+        state.budget.records -= len(state.records)
+    kept = RecordTable(state.budget)
     for record in state.records:
         if record.call_id != call_id:
             kept.restore(record)
@@ -79,7 +81,7 @@ class LostOutputChunk(ChatState):
     """An `attach` resumes one byte past the offset it asked for: that byte is never sent."""
 
     def _on_attach(self, req: AttachRequest) -> None:
-        super()._on_attach(replace(req, from_offset=req.from_offset + 1))
+        super()._on_attach(msgspec.structs.replace(req, from_offset=req.from_offset + 1))
 
 
 class TurnMissingResult(ChatState):
@@ -108,7 +110,7 @@ class WriteIgnoresExpected(ChatState):
                     else entry
                     for entry in args["files"]
                 ]
-            req = replace(req, spec=replace(spec, args=args))
+            req = msgspec.structs.replace(req, spec=msgspec.structs.replace(spec, args=args))
         super()._on_call(req)
 
 

@@ -20,6 +20,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolwire.actors.budget import AgentBudget
 from toolwire.actors.chat_state import ChatConfig, ChatState
 from toolwire.actors.effects import (
     Adopt,
@@ -244,8 +245,11 @@ class World:
         return [f"a{self.generation}", f"b{self.generation}"]
 
     def new_state(self) -> None:
+        # Limits no program reaches: the chat counts what it holds in the agent's budget as it
+        # would in an agent, so that the count can be checked against what it holds.
+        self.budget = AgentBudget(max_records=10**9, max_processes=10**9)
         self.state = self.state_class(
-            self.chat_id, self.config, ResultCache(max_entries=self.cache_entries)
+            self.chat_id, self.config, ResultCache(max_entries=self.cache_entries), self.budget
         )
         self.procs: dict[str, Proc] = {}
         self.tasks: dict[str, str] = {}  # call_id -> "search" | "wait": a tool on a task

@@ -296,6 +296,17 @@ class ChatStateMachine(RuleBasedStateMachine):
             if proc.stopping in ("term", "kill"):
                 assert call_id in state.groups
 
+    @invariant()
+    def the_agents_budget_counts_what_the_chat_holds(self) -> None:
+        """Records and process slots are counted in the agent-wide budget where they come and
+        go (the record table, `_hold_slot`, `_free_slot`): after every input the counts are
+        what the chat holds, refusals and restarts included."""
+        if not hasattr(self, "world"):
+            return
+        state = self.world.state
+        assert self.world.budget.records == len(state.records)
+        assert self.world.budget.processes == state.running_process_count
+
     def teardown(self) -> None:
         if hasattr(self, "world"):
             self.world.quiesce()

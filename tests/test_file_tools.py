@@ -423,10 +423,53 @@ def test_read_file_lines_match_the_whole_file_reader(data: bytes, block: int, sn
             model = failure.text
         fd = os.open(path, os.O_RDONLY)
         try:
-            got = _lines_or_failure(files._fd_text_lines(fd, "f", "read_file", lambda _block: None))
+            block, eof = files._fd_sniff(fd, lambda _block: None)
+            got = _lines_or_failure(
+                files._fd_text_lines(fd, "f", "read_file", lambda _block: None, block, eof)
+            )
         finally:
             os.close(fd)
     assert got == model
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from([b"a", b"bc", b"\n", b"\n\n", b"\r", "é".encode(), "💥".encode(), b"\0",
+                         b"\xe9", b"\xf0\x9f", b"x" * 9]),
+        max_size=40,
+    ).map(b"".join),
+    sniff=st.integers(1, 64),
+    max_lines=st.integers(1, 12),
+    max_bytes=st.integers(1, 64),
+)  # fmt: skip
+def test_a_whole_small_file_reads_as_its_lines_read_one_by_one_do(
+    data: bytes, sniff: int, max_lines: int, max_bytes: int
+) -> None:
+    """A file that ends within its sniff, read with no offset and no limit, is taken whole
+    (`_whole_text`: one decode, no loop over its lines); `offset=1` means the same and always
+    reads line by line. Both say the same, failures and caps included, whatever the file
+    holds and wherever the caps fall."""
+    with tempfile.TemporaryDirectory() as d, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(files, "BINARY_SNIFF_BYTES", sniff)
+        mp.setattr(files, "READ_MAX_LINES", max_lines)
+        mp.setattr(files, "READ_MAX_BYTES", max_bytes)
+        Path(d, "f").write_bytes(data)
+        whole = read_file(d, ReadFileArgs(path="f"))
+        by_lines = read_file(d, ReadFileArgs(path="f", offset=1))
+    assert whole == by_lines
+
+
+def test_a_small_text_file_is_taken_whole() -> None:
+    """The property above holds only if the whole path is taken at all: for a small text file
+    within the caps it is; a NUL byte, bytes that are not UTF-8, or a cap leave the decision to
+    the line by line path."""
+    assert files._whole_text(b"a\nb\n") == ("a\nb\n", 2)
+    assert files._whole_text(b"a\nb") == ("a\nb", 2)
+    assert files._whole_text(b"") == ("", 0)
+    assert files._whole_text(b"a\0b\n") is None
+    assert files._whole_text(b"\xe9\n") is None
+    assert files._whole_text(b"\n" * (files.READ_MAX_LINES + 1)) is None
 
 
 def _newline_lines(data: bytes) -> list[bytes]:

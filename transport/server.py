@@ -409,10 +409,8 @@ class Session:
         with trio.move_on_after(CLOSE_FLUSH_TIMEOUT_S):
             await self.ws.aclose(code, reason)
 
-    # MessageSink: called by the connection's reader task, synchronously, per message.
-
-    def on_message(self, message: str | bytes, prepared: PreparedMessage | None = None) -> None:
-        self._dispatch(message, prepared)
+    # MessageSink: called by the connection's reader task, synchronously, per message
+    # (`on_message`, below `_close_when_too_big`).
 
     async def prepare_big_message(self, message: str | bytes) -> PreparedMessage:
         return await big_messages.prepare(self.codec, message)
@@ -442,7 +440,7 @@ class Session:
         unused) message channel then, whoever closed it."""
         try:
             while True:
-                self._dispatch(await self.ws.get_message())  # never a message in practice
+                self.on_message(await self.ws.get_message())  # never a message in practice
         except ConnectionClosed:
             pass
         scope.cancel()
@@ -457,7 +455,8 @@ class Session:
         await self.close(CLOSE_TOO_BIG, "message too big")
         scope.cancel()
 
-    def _dispatch(self, frame: str | bytes, prepared: PreparedMessage | None = None) -> None:
+    def on_message(self, frame: str | bytes, prepared: PreparedMessage | None = None) -> None:
+        """Decode one message and apply it, or answer it with an `error`."""
         fingerprints: tuple[bytes | None, ...] | None = None
         try:
             if prepared is None:

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, Protocol
 
 import msgspec
 
@@ -285,8 +285,14 @@ def _check_utf8(field: str, value: str) -> None:
 
 
 def _resolve(workspace: str, path: str) -> str:
-    """The path to open: `path` against the workspace, `~` expanded; symlinks left to the OS."""
-    return os.path.join(os.path.expanduser(workspace), os.path.expanduser(path))
+    """The path to open: `path` against the workspace, `~` expanded; symlinks left to the OS.
+    (`expanduser` called only on a path that starts with `~`, the one it changes: two calls
+    fewer on every file tool's call.)"""
+    if path[:1] == "~":
+        path = os.path.expanduser(path)
+    if workspace[:1] == "~":
+        workspace = os.path.expanduser(workspace)
+    return os.path.join(workspace, path)
 
 
 def _completed(text: str, data: dict[str, Any], output: str = "") -> ToolReport:
@@ -408,22 +414,27 @@ def _decode_line(raw: bytes, offset: int, shown: str, tool: str) -> str:
         raise _binary_failure(shown, tool, f"not valid UTF-8 at byte {offset + e.start}") from None
 
 
-def _fd_text_lines(
-    fd: int, shown: str, tool: str, on_block: Callable[[bytes], None]
-) -> Iterator[tuple[bytes, str]]:
-    """The lines of a text file descriptor, as (raw, text) pairs, with `_check_text`'s checks
-    and failures, read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a buffered
-    file object (which adds an fstat, two lseeks and an ioctl to every open). Every block read
-    is passed to `on_block` too (read_file hashes the file in the same pass)."""
+def _fd_sniff(fd: int, on_block: Callable[[bytes], None]) -> tuple[bytes, bool]:
+    """The first BINARY_SNIFF_BYTES or more of a file descriptor (a short read must not
+    shorten the sniff), read with `os.read` in blocks of READ_BLOCK_BYTES instead of through a
+    buffered file object (which adds an fstat, two lseeks and an ioctl to every open), and
+    whether the file ended within them. Every block read is passed to `on_block` too (read_file
+    hashes the file in the same pass)."""
     block = b""
-    eof = False
-    while len(block) < BINARY_SNIFF_BYTES:  # a short read must not shorten the sniff
+    while len(block) < BINARY_SNIFF_BYTES:
         more = os.read(fd, READ_BLOCK_BYTES)
         if not more:
-            eof = True
-            break
+            return block, True
         on_block(more)
         block += more
+    return block, False
+
+
+def _fd_text_lines(
+    fd: int, shown: str, tool: str, on_block: Callable[[bytes], None], block: bytes, eof: bool
+) -> Iterator[tuple[bytes, str]]:
+    """The lines of a text file descriptor, as (raw, text) pairs, with `_check_text`'s checks
+    and failures: from `block` and `eof` (`_fd_sniff`'s), then read on as it reads."""
     if b"\0" in block[:BINARY_SNIFF_BYTES]:
         raise _binary_failure(shown, tool, "it contains NUL bytes")
     offset = 0
@@ -665,6 +676,15 @@ def read_file(
     lines and to check it is UTF-8), but only the requested lines are kept in memory.
     """
     check_read_file(args)
+    return read_checked_file(workspace, args, hidden=hidden)
+
+
+def read_checked_file(
+    workspace: str, args: ReadFileArgs, *, hidden: HiddenPaths = NOTHING_HIDDEN
+) -> ToolReport:
+    """`read_file` of args that passed `check_read_file`: what the registry runs, since every
+    call's args pass that check when the call is admitted (`registry.parse_args`), and the
+    check done again on every run was four Python calls of the trivial call's."""
     try:
         return _read_file(workspace, args, hidden)
     except ToolFailure as f:
@@ -678,6 +698,39 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     if hidden.covers_fd(fd):
         os.close(fd)
         raise hidden_failure(shown)
+    digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
+    try:
+        block, eof = _fd_sniff(fd, digest.update)
+        whole = _whole_text(block) if eof and args.offset is None and args.limit is None else None
+        if whole is None:
+            return _read_by_lines(fd, shown, args, digest, block, eof)
+    except OSError as e:
+        raise os_failure(e, shown, "read") from None
+    finally:
+        os.close(fd)
+    # The whole file, every line of it returned: what `_read_by_lines` says of it, without its
+    # loop (tests/test_file_tools.py checks that the two agree).
+    content, total = whole
+    data = {"content": content, "lines": total, "total_lines": total, "sha256": digest.hexdigest()}
+    if total == 0:
+        return _completed(f"read 0 of 0 lines of {shown}; the file is empty", data)
+    return _completed(f"read {total} of {_plural(total, 'line')} of {shown}", data)
+
+
+class _Digest(Protocol):
+    """What read_file needs of its `hashlib.sha256()`."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+def _read_by_lines(
+    fd: int, shown: str, args: ReadFileArgs, digest: _Digest, block: bytes, eof: bool
+) -> ToolReport:
+    """read_file line by line, from the sniffed `block` (`_fd_sniff`) on: an offset, a limit,
+    a cap, a file longer than its sniff, or one `_whole_text` leaves to this (it names the
+    failure of a binary file)."""
     start = args.offset if args.offset is not None else 1
     want = READ_MAX_LINES if args.limit is None else min(args.limit, READ_MAX_LINES)
     capped_by_lines = args.limit is None or args.limit > READ_MAX_LINES
@@ -686,37 +739,31 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     total = 0  # lines seen so far; the whole file at the end
     stopped_at: int | None = None  # first line not returned, when a cap or `limit` stopped us
     note = ""  # why a cap stopped the read, with the offset to continue from
-    digest = hashlib.sha256()  # of the whole file, whatever part of it is returned
-    try:
-        for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update):
-            total += 1
-            if total < start or stopped_at is not None:
-                continue
-            if len(parts) == want:
-                stopped_at = total
-                if capped_by_lines:
-                    note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
-            elif size + len(raw) <= READ_MAX_BYTES:
-                parts.append(text)
-                size += len(raw)
-            elif parts:
-                stopped_at = total
-                note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
-            else:
-                # One line over the byte cap: return its head, cut on a character boundary
-                # (the line decoded whole, so only the last character can be partial).
-                cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
-                parts.append(cut)
-                size = len(cut.encode("utf-8"))
-                stopped_at = total + 1
-                note = (
-                    f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
-                    f" to its first {size} bytes"
-                )
-    except OSError as e:
-        raise os_failure(e, shown, "read") from None
-    finally:
-        os.close(fd)
+    for raw, text in _fd_text_lines(fd, shown, "read_file", digest.update, block, eof):
+        total += 1
+        if total < start or stopped_at is not None:
+            continue
+        if len(parts) == want:
+            stopped_at = total
+            if capped_by_lines:
+                note = f"; stopped at {READ_MAX_LINES} lines, the most one read returns"
+        elif size + len(raw) <= READ_MAX_BYTES:
+            parts.append(text)
+            size += len(raw)
+        elif parts:
+            stopped_at = total
+            note = f"; stopped at {READ_MAX_BYTES} bytes, the most one read returns"
+        else:
+            # One line over the byte cap: return its head, cut on a character boundary
+            # (the line decoded whole, so only the last character can be partial).
+            cut = raw[:READ_MAX_BYTES].decode("utf-8", errors="ignore")
+            parts.append(cut)
+            size = len(cut.encode("utf-8"))
+            stopped_at = total + 1
+            note = (
+                f"; line {total} is longer than {READ_MAX_BYTES} bytes and was cut"
+                f" to its first {size} bytes"
+            )
     if note and stopped_at is not None and stopped_at <= total:
         note += f"; continue with offset={stopped_at}"
     content = "".join(parts)
@@ -737,6 +784,27 @@ def _read_file(workspace: str, args: ReadFileArgs, hidden: HiddenPaths) -> ToolR
     # The content travels once, in data.content: PROTOCOL.md gives `output` to tools that have
     # process output, and a 256 KiB read must not be sent (and kept) twice.
     return _completed(text, data)
+
+
+def _whole_text(block: bytes) -> tuple[str, int] | None:
+    """A file that ended within its sniff, read whole (no offset, no limit), as its text and
+    its line count: what the line by line path returns for it when every line fits both caps,
+    found with one decode and one count instead of a Python loop over its lines (the trivial
+    call of issue 29 reads a 300-byte file). None when that path must decide: a NUL byte (a
+    binary file, or text past the sniff), bytes that are not UTF-8 (that path names where), or
+    a cap that stops the read. tests/test_file_tools.py checks it against that path."""
+    if len(block) > READ_MAX_BYTES or b"\0" in block:
+        return None
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    # Lines end at b"\n" (an ASCII byte, never part of a longer character); a last line
+    # without one counts too.
+    lines = block.count(b"\n") + (1 if block and not block.endswith(b"\n") else 0)
+    if lines > READ_MAX_LINES:
+        return None
+    return text, lines
 
 
 # --- atomic writes ------------------------------------------------------------------------------

@@ -275,7 +275,7 @@ _TOOLS: tuple[ToolDef, ...] = (
         "read_file",
         files.ReadFileArgs,
         files.check_read_file,
-        OnLoop(files.read_file),
+        OnLoop(files.read_checked_file),  # checked by parse_args when the call is admitted
         planner.reader(),
         "read",
         "Read a UTF-8 text file of the workspace (relative paths are against the workspace). "
@@ -381,15 +381,22 @@ def _whole_numbers(value: Any) -> Any:
     that int, and the schema stays exact. Copies only what holds such a float."""
     if isinstance(value, float):
         return int(value) if value.is_integer() else value
+    # Plain loops, not `any()` over a generator: every call's args pass here, and most hold
+    # nothing to copy (a generator is a frame resumed per value).
     if isinstance(value, dict):
-        if any(isinstance(v, float | dict | list) for v in value.values()):
-            return {k: _whole_numbers(v) for k, v in value.items()}
+        for v in value.values():
+            if isinstance(v, _MAY_HOLD_FLOATS):
+                return {k: _whole_numbers(v) for k, v in value.items()}
         return value
     if isinstance(value, list):
-        if any(isinstance(v, float | dict | list) for v in value):
-            return [_whole_numbers(v) for v in value]
+        for v in value:
+            if isinstance(v, _MAY_HOLD_FLOATS):
+                return [_whole_numbers(v) for v in value]
         return value
     return value
+
+
+_MAY_HOLD_FLOATS = (float, dict, list)
 
 
 def _args_path(tool: ToolDef, message: str) -> str:
