@@ -388,6 +388,15 @@ def test_read_matches_list_slicing(text: str, offset: int | None, limit: int | N
     assert r.output == ""
 
 
+# Bytes made of the pieces a text reader must cut right: line ends of each kind, multi-byte
+# characters whole and cut short, a NUL, and a run longer than the smallest blocks.
+TEXT_LIKE_BYTES = st.lists(
+    st.sampled_from([b"a", b"bc", b"\n", b"\n\n", b"\r", "é".encode(), "💥".encode(), b"\0",
+                     b"\xe9", b"\xf0\x9f", b"x" * 9]),
+    max_size=40,
+).map(b"".join)  # fmt: skip
+
+
 def _lines_or_failure(lines: Any) -> list[tuple[bytes, str]] | str:
     try:
         return [(raw, text) for raw, text in lines]
@@ -397,11 +406,7 @@ def _lines_or_failure(lines: Any) -> list[tuple[bytes, str]] | str:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    data=st.lists(
-        st.sampled_from([b"a", b"bc", b"\n", b"\n\n", b"\r", "é".encode(), "💥".encode(), b"\0",
-                         b"\xe9", b"\xf0\x9f", b"x" * 9]),
-        max_size=40,
-    ).map(b"".join),
+    data=TEXT_LIKE_BYTES,
     block=st.integers(1, 8),
     sniff=st.integers(1, 12),
 )  # fmt: skip
@@ -434,11 +439,7 @@ def test_read_file_lines_match_the_whole_file_reader(data: bytes, block: int, sn
 
 @settings(max_examples=300, deadline=None)
 @given(
-    data=st.lists(
-        st.sampled_from([b"a", b"bc", b"\n", b"\n\n", b"\r", "é".encode(), "💥".encode(), b"\0",
-                         b"\xe9", b"\xf0\x9f", b"x" * 9]),
-        max_size=40,
-    ).map(b"".join),
+    data=TEXT_LIKE_BYTES,
     sniff=st.integers(1, 64),
     max_lines=st.integers(1, 12),
     max_bytes=st.integers(1, 64),
