@@ -31,6 +31,7 @@ import secrets
 import signal
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -132,48 +133,49 @@ class Recording:
         os.pwrite(self._fd, header, 0)
 
     def append(self, data: bytes) -> None:
-        view = memoryview(data)
-        offset = self.total
-        if offset < self._head:
-            part = view[: self._head - offset]
-            os.pwrite(self._fd, part, self._base + offset)
-            offset += part.nbytes
-            view = view[part.nbytes :]
-        if view.nbytes and self._ring:
-            if view.nbytes > self._ring:  # only the newest bytes of it are retained
-                offset += view.nbytes - self._ring
-                view = view[view.nbytes - self._ring :]
-            while view.nbytes:
-                at = (offset - self._head) % self._ring
-                part = view[: self._ring - at]
-                os.pwrite(self._fd, part, self._base + self._head + at)
-                offset += part.nbytes
-                view = view[part.nbytes :]
-        self.total += len(data)
-        os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
+        with memoryview(data) as view:
+            done = 0
+            for length, at in self._places(len(data)):
+                if at is not None:
+                    os.pwrite(self._fd, view[done : done + length], at)
+                done += length
+        self._counted(len(data))
 
     def append_from_pipe(self, fd: int, count: int) -> None:
         """Move the `count` bytes at the head of the pipe `fd` (it holds at least that many)
         into the record, where `append` would write them: spliced by the kernel, never copied
         through this process (actors/pipe_tee.py says why). Bytes the retention drops are
         read and dropped."""
+        for length, at in self._places(count):
+            if at is None:
+                _discard(fd, length)
+            else:
+                self._splice(fd, length, at)
+        self._counted(count)
+
+    def _places(self, count: int) -> Iterator[tuple[int, int | None]]:
+        """Where the next `count` bytes of output go under 5.2's retention, in their order:
+        (how many, the file offset they are written at), the offset None for bytes only the
+        count keeps (older than the ring's newest)."""
         offset = self.total
         left = count
         if offset < self._head:
             part = min(left, self._head - offset)
-            self._splice(fd, part, self._base + offset)
+            yield part, self._base + offset
             offset += part
             left -= part
         if left > self._ring:  # only the newest bytes of it are retained
-            _discard(fd, left - self._ring)
+            yield left - self._ring, None
             offset += left - self._ring
             left = self._ring
         while left:
             at = (offset - self._head) % self._ring
             part = min(left, self._ring - at)
-            self._splice(fd, part, self._base + self._head + at)
+            yield part, self._base + self._head + at
             offset += part
             left -= part
+
+    def _counted(self, count: int) -> None:
         self.total += count
         os.pwrite(self._fd, _COUNT.pack(self.total), COUNT_AT)
 
