@@ -834,12 +834,8 @@ class Keeper:
         self._update_reading(held)
 
     def _update_reading(self, held: Held) -> None:
-        want = (
-            held.read_fd is not None
-            and not held.backlog
-            and not held.waiting_room
-            and not held.paused
-        )
+        # (A backlog is only ever waiting for room: `waiting_room` covers it.)
+        want = held.read_fd is not None and not held.waiting_room and not held.paused
         if want == held.reading:
             return
         held.reading = want
